@@ -1,0 +1,200 @@
+//! Pure parsing of Dataplane API answers into typed values.
+
+use std::fmt;
+
+use serde::Deserialize;
+
+/// The configuration version the Dataplane API keeps in the file (`# _version=N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConfigVersion(pub u64);
+
+impl fmt::Display for ConfigVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The id the Dataplane API gives a queued reload, e.g. `2026-12-02-7`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReloadId(pub String);
+
+impl fmt::Display for ReloadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The Dataplane API's identity from `GET /info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiInfo {
+    /// The API version string, e.g. `v3.2.7 3f1e3ef3`.
+    pub version: String,
+    /// When the API binary was built, as it reports it.
+    pub build_date: Option<String>,
+}
+
+/// HAProxy's state as seen by the Dataplane API (`GET /health`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// HAProxy answers on its runtime socket.
+    Up,
+    /// HAProxy does not answer.
+    Down,
+    /// The Dataplane API cannot tell.
+    Unknown,
+}
+
+/// Where a reload stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadStatus {
+    /// Queued or running.
+    InProgress,
+    /// HAProxy reloaded with the new configuration.
+    Succeeded,
+    /// HAProxy refused to reload; the Dataplane API restored the last good file.
+    Failed,
+}
+
+/// One reload known to the Dataplane API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reload {
+    /// Its id.
+    pub id: ReloadId,
+    /// Where it stands.
+    pub status: ReloadStatus,
+    /// HAProxy's output for a failed reload.
+    pub response: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct InfoAnswer {
+    api: InfoApi,
+}
+
+#[derive(Deserialize)]
+struct InfoApi {
+    version: String,
+    build_date: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct HealthAnswer {
+    haproxy: String,
+}
+
+#[derive(Deserialize)]
+struct ReloadAnswer {
+    id: String,
+    status: String,
+    response: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    message: String,
+}
+
+/// Parses `GET /info`.
+pub fn parse_info(body: &str) -> Result<ApiInfo, String> {
+    let answer: InfoAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    Ok(ApiInfo { version: answer.api.version, build_date: answer.api.build_date })
+}
+
+/// Parses `GET /health`.
+pub fn parse_health(body: &str) -> Result<Health, String> {
+    let answer: HealthAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    Ok(match answer.haproxy.as_str() {
+        "up" => Health::Up,
+        "down" => Health::Down,
+        _ => Health::Unknown,
+    })
+}
+
+/// Parses a configuration version, from a body or a `Configuration-Version` header.
+pub fn parse_version(text: &str) -> Result<ConfigVersion, String> {
+    text.trim().parse::<u64>().map(ConfigVersion).map_err(|e| format!("configuration version {text:?}: {e}"))
+}
+
+/// Parses one reload (`GET /services/haproxy/reloads/{id}`).
+pub fn parse_reload(body: &str) -> Result<Reload, String> {
+    let answer: ReloadAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    reload_from(answer)
+}
+
+/// Parses the list of reloads (`GET /services/haproxy/reloads`).
+pub fn parse_reloads(body: &str) -> Result<Vec<Reload>, String> {
+    let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    answers.into_iter().map(reload_from).collect()
+}
+
+fn reload_from(answer: ReloadAnswer) -> Result<Reload, String> {
+    let status = match answer.status.as_str() {
+        "in_progress" => ReloadStatus::InProgress,
+        "succeeded" => ReloadStatus::Succeeded,
+        "failed" => ReloadStatus::Failed,
+        other => return Err(format!("reload {} has unknown status {other:?}", answer.id)),
+    };
+    Ok(Reload { id: ReloadId(answer.id), status, response: answer.response.filter(|r| !r.is_empty()) })
+}
+
+/// The human message of an error answer: the `message` field when the body is the API's JSON
+/// error, else the body itself.
+pub fn error_message(body: &str) -> String {
+    serde_json::from_str::<ErrorAnswer>(body).map(|e| e.message).unwrap_or_else(|_| body.trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_reads_the_api_version() {
+        let info =
+            parse_info(r#"{"api":{"build_date":"2025-12-02T10:00:00Z","version":"v3.2.7 3f1e3ef3"},"system":{}}"#)
+                .unwrap();
+        assert_eq!(info.version, "v3.2.7 3f1e3ef3");
+        assert_eq!(info.build_date.as_deref(), Some("2025-12-02T10:00:00Z"));
+    }
+
+    #[test]
+    fn health_maps_every_state() {
+        assert_eq!(parse_health(r#"{"haproxy":"up"}"#).unwrap(), Health::Up);
+        assert_eq!(parse_health(r#"{"haproxy":"down"}"#).unwrap(), Health::Down);
+        assert_eq!(parse_health(r#"{"haproxy":"unknown"}"#).unwrap(), Health::Unknown);
+        assert!(parse_health("<html>").is_err());
+    }
+
+    #[test]
+    fn version_accepts_surrounding_whitespace_and_refuses_text() {
+        assert_eq!(parse_version("7\n").unwrap(), ConfigVersion(7));
+        assert!(parse_version("seven").unwrap_err().contains("seven"));
+    }
+
+    #[test]
+    fn reloads_parse_with_and_without_response() {
+        let reloads = parse_reloads(
+            r#"[{"id":"2026-12-02-1","status":"succeeded","reload_timestamp":1},
+                {"id":"2026-12-02-2","status":"failed","response":"[ALERT] bad"},
+                {"id":"2026-12-02-3","status":"in_progress","response":""}]"#,
+        )
+        .unwrap();
+        assert_eq!(reloads[0].status, ReloadStatus::Succeeded);
+        assert_eq!(reloads[1].response.as_deref(), Some("[ALERT] bad"));
+        assert_eq!(
+            reloads[2],
+            Reload { id: ReloadId("2026-12-02-3".into()), status: ReloadStatus::InProgress, response: None }
+        );
+    }
+
+    #[test]
+    fn unknown_reload_status_is_an_error_naming_the_reload() {
+        let err = parse_reload(r#"{"id":"r1","status":"exploded"}"#).unwrap_err();
+        assert!(err.contains("r1") && err.contains("exploded"), "{err}");
+    }
+
+    #[test]
+    fn error_message_prefers_the_json_message() {
+        assert_eq!(error_message(r#"{"code":400,"message":"line 3: unknown keyword"}"#), "line 3: unknown keyword");
+        assert_eq!(error_message("plain failure\n"), "plain failure");
+    }
+}

@@ -1,0 +1,395 @@
+//! Dataplane client: the only way haptic talks to an HAProxy pod, through the HAProxy
+//! Dataplane API v3 sidecar (HTTP Basic auth, base path `/v3`).
+//!
+//! A thin adapter: it sends requests and turns answers into typed values; deciding what to
+//! send belongs to the planner and the pod state machines. Parsing of answers is done by
+//! pure functions in [`answers`] so it can be tested without a server.
+
+pub mod answers;
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode, Url};
+use thiserror::Error;
+
+pub use answers::{ApiInfo, ConfigVersion, Health, Reload, ReloadId, ReloadStatus};
+
+/// Where a pod's Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    base: Url,
+}
+
+impl Endpoint {
+    /// Parses a base URL; a missing trailing slash is added so relative paths join below it.
+    pub fn parse(base: &str) -> Result<Self, DataplaneError> {
+        let with_slash = if base.ends_with('/') { base.to_owned() } else { format!("{base}/") };
+        let base = Url::parse(&with_slash)
+            .map_err(|source| DataplaneError::InvalidEndpoint { endpoint: base.to_owned(), source })?;
+        Ok(Self { base })
+    }
+
+    /// The endpoint of a pod reached at `ip:port`, as the controller computes it from a Pod.
+    pub fn for_pod(ip: std::net::IpAddr, port: u16) -> Self {
+        let host = match ip {
+            std::net::IpAddr::V4(v4) => v4.to_string(),
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        };
+        // A formatted IP and port always make a valid URL.
+        let base = Url::parse(&format!("http://{host}:{port}/v3/")).expect("an IP and a port form a valid URL");
+        Self { base }
+    }
+
+    fn join(&self, path: &str) -> Url {
+        // Paths are constants of this module and never absolute, so joining cannot fail.
+        self.base.join(path).expect("relative API path")
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.base.as_str().trim_end_matches('/'))
+    }
+}
+
+/// HTTP Basic credentials; the password never appears in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user name.
+    pub username: String,
+    password: String,
+}
+
+impl Credentials {
+    /// Builds credentials from a user name and password.
+    pub fn new(username: impl Into<String>, password: impl Into<String>) -> Self {
+        Self { username: username.into(), password: password.into() }
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials").field("username", &self.username).field("password", &"<redacted>").finish()
+    }
+}
+
+/// What a raw configuration push should do beyond writing the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushMode {
+    /// Only run `haproxy -c` on the pod; nothing is written.
+    ValidateOnly,
+    /// Write the file and let the Dataplane API queue a reload.
+    Reload,
+    /// Write the file and reload at once (the answer waits for the reload).
+    ForceReload,
+}
+
+/// The answer to a raw configuration push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// `only_validate`: HAProxy accepted the configuration; nothing changed on the pod.
+    Valid,
+    /// The file was written and no reload is pending (or a forced reload already ran).
+    Applied,
+    /// The file was written and a reload was queued under this id.
+    ReloadQueued(ReloadId),
+}
+
+/// Errors talking to one Dataplane API, each naming the endpoint it concerns.
+#[derive(Debug, Error)]
+pub enum DataplaneError {
+    /// The endpoint URL could not be parsed.
+    #[error("invalid Dataplane API endpoint {endpoint:?}: {source}")]
+    InvalidEndpoint {
+        /// The text that failed to parse.
+        endpoint: String,
+        /// Why it failed.
+        source: url::ParseError,
+    },
+    /// The request did not get an HTTP answer (connection refused, timeout, ...).
+    #[error("Dataplane API {endpoint} unreachable ({method} {path}): {source}")]
+    Unreachable {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The HTTP method.
+        method: Method,
+        /// The API path below `/v3`.
+        path: String,
+        /// The transport error.
+        source: reqwest::Error,
+    },
+    /// The pod's HAProxy refused the configuration (`haproxy -c` failed); `message` holds its output.
+    #[error("Dataplane API {endpoint} rejected the configuration: {message}")]
+    InvalidConfiguration {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// HAProxy's own message, including the offending line.
+        message: String,
+    },
+    /// The configuration version sent does not match the pod's (someone else wrote in between).
+    #[error("Dataplane API {endpoint}: configuration version conflict (sent {sent})")]
+    VersionConflict {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The version the push was based on.
+        sent: ConfigVersion,
+    },
+    /// Wrong credentials.
+    #[error("Dataplane API {endpoint} refused the credentials of user {username:?}")]
+    Unauthorized {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The user that was refused.
+        username: String,
+    },
+    /// Any other unexpected status.
+    #[error("Dataplane API {endpoint} answered {status} to {method} {path}: {body}")]
+    UnexpectedStatus {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The HTTP method.
+        method: Method,
+        /// The API path below `/v3`.
+        path: String,
+        /// The status received.
+        status: StatusCode,
+        /// The start of the answer's body.
+        body: String,
+    },
+    /// The answer could not be understood.
+    #[error("Dataplane API {endpoint}: unreadable answer to {path}: {detail}")]
+    UnreadableAnswer {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The API path below `/v3`.
+        path: String,
+        /// What was wrong with it.
+        detail: String,
+    },
+}
+
+/// A client for one pod's Dataplane API.
+#[derive(Debug, Clone)]
+pub struct DataplaneClient {
+    endpoint: Endpoint,
+    credentials: Credentials,
+    http: reqwest::Client,
+}
+
+/// Longest accepted wait for one Dataplane API call; a forced reload is the slowest.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much of an unexpected body is kept in an error.
+const ERROR_BODY_LIMIT: usize = 2048;
+
+impl DataplaneClient {
+    /// Builds a client; the HTTP connection pool is shared by all its calls.
+    pub fn new(endpoint: Endpoint, credentials: Credentials) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Self { endpoint, credentials, http }
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// `GET /info`: the Dataplane API's version and build.
+    pub async fn info(&self) -> Result<ApiInfo, DataplaneError> {
+        let (_, body) = self.send_expecting(Method::GET, "info", None, &[StatusCode::OK]).await?;
+        answers::parse_info(&body).map_err(|detail| self.unreadable("info", detail))
+    }
+
+    /// `GET /health`: whether HAProxy is up, as the Dataplane API sees it.
+    pub async fn health(&self) -> Result<Health, DataplaneError> {
+        let (_, body) = self.send_expecting(Method::GET, "health", None, &[StatusCode::OK]).await?;
+        answers::parse_health(&body).map_err(|detail| self.unreadable("health", detail))
+    }
+
+    /// `GET /services/haproxy/runtime/info`: HAProxy's own process information (version, uptime, reloads).
+    pub async fn runtime_info(&self) -> Result<serde_json::Value, DataplaneError> {
+        let path = "services/haproxy/runtime/info";
+        let (_, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
+        serde_json::from_str(&body).map_err(|e| self.unreadable(path, e.to_string()))
+    }
+
+    /// `GET /services/haproxy/configuration/version`.
+    pub async fn configuration_version(&self) -> Result<ConfigVersion, DataplaneError> {
+        let path = "services/haproxy/configuration/version";
+        let (_, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
+        answers::parse_version(&body).map_err(|detail| self.unreadable(path, detail))
+    }
+
+    /// `GET /services/haproxy/configuration/raw`: the configuration file as the pod has it.
+    pub async fn raw_configuration(&self) -> Result<(ConfigVersion, String), DataplaneError> {
+        let path = "services/haproxy/configuration/raw";
+        let (headers, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
+        let version = headers
+            .get("Configuration-Version")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| self.unreadable(path, "no Configuration-Version header".into()))
+            .and_then(|v| answers::parse_version(v).map_err(|detail| self.unreadable(path, detail)))?;
+        Ok((version, body))
+    }
+
+    /// `POST /services/haproxy/configuration/raw`: validates or replaces the whole configuration.
+    ///
+    /// `version` is the pod's current configuration version; a mismatch is
+    /// [`DataplaneError::VersionConflict`] and nothing is written.
+    pub async fn push_raw(
+        &self,
+        config: &str,
+        version: ConfigVersion,
+        mode: PushMode,
+    ) -> Result<PushOutcome, DataplaneError> {
+        let path = "services/haproxy/configuration/raw";
+        let mut query = vec![("version", version.0.to_string())];
+        match mode {
+            PushMode::ValidateOnly => query.push(("only_validate", "true".into())),
+            PushMode::Reload => {}
+            PushMode::ForceReload => query.push(("force_reload", "true".into())),
+        }
+        // The API refuses a body without a final newline.
+        let body = if config.ends_with('\n') { config.to_owned() } else { format!("{config}\n") };
+        let request = self
+            .request(Method::POST, path)
+            .query(&query)
+            .header(reqwest::header::CONTENT_TYPE, "text/plain")
+            .body(body);
+        let response = self.execute(request, Method::POST, path).await?;
+        let status = response.status();
+        let reload_id = response.headers().get("Reload-ID").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let text = response.text().await.unwrap_or_default();
+        match (status, mode) {
+            (StatusCode::ACCEPTED, PushMode::ValidateOnly) => Ok(PushOutcome::Valid),
+            (StatusCode::ACCEPTED, _) => match reload_id {
+                Some(id) => Ok(PushOutcome::ReloadQueued(ReloadId(id))),
+                None => Ok(PushOutcome::Applied),
+            },
+            (StatusCode::CREATED | StatusCode::OK, _) => Ok(PushOutcome::Applied),
+            (StatusCode::BAD_REQUEST, _) => Err(DataplaneError::InvalidConfiguration {
+                endpoint: self.endpoint.to_string(),
+                message: answers::error_message(&text),
+            }),
+            (StatusCode::CONFLICT, _) => {
+                Err(DataplaneError::VersionConflict { endpoint: self.endpoint.to_string(), sent: version })
+            }
+            _ => Err(self.unexpected(Method::POST, path, status, &text)),
+        }
+    }
+
+    /// `GET /services/haproxy/reloads/{id}`: the state of one reload.
+    pub async fn reload(&self, id: &ReloadId) -> Result<Reload, DataplaneError> {
+        let path = format!("services/haproxy/reloads/{}", id.0);
+        let (_, body) = self.send_expecting(Method::GET, &path, None, &[StatusCode::OK]).await?;
+        answers::parse_reload(&body).map_err(|detail| self.unreadable(&path, detail))
+    }
+
+    /// `GET /services/haproxy/reloads`: the reloads the Dataplane API remembers.
+    pub async fn reloads(&self) -> Result<Vec<Reload>, DataplaneError> {
+        let path = "services/haproxy/reloads";
+        let (_, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
+        answers::parse_reloads(&body).map_err(|detail| self.unreadable(path, detail))
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, self.endpoint.join(path))
+            .basic_auth(&self.credentials.username, Some(&self.credentials.password))
+    }
+
+    async fn execute(
+        &self,
+        request: reqwest::RequestBuilder,
+        method: Method,
+        path: &str,
+    ) -> Result<reqwest::Response, DataplaneError> {
+        let response = request.send().await.map_err(|source| DataplaneError::Unreachable {
+            endpoint: self.endpoint.to_string(),
+            method: method.clone(),
+            path: path.to_owned(),
+            source,
+        })?;
+        if response.status() == StatusCode::UNAUTHORIZED {
+            return Err(DataplaneError::Unauthorized {
+                endpoint: self.endpoint.to_string(),
+                username: self.credentials.username.clone(),
+            });
+        }
+        Ok(response)
+    }
+
+    async fn send_expecting(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        expected: &[StatusCode],
+    ) -> Result<(reqwest::header::HeaderMap, String), DataplaneError> {
+        let mut request = self.request(method.clone(), path);
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let response = self.execute(request, method.clone(), path).await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.map_err(|e| self.unreadable(path, e.to_string()))?;
+        if expected.contains(&status) { Ok((headers, text)) } else { Err(self.unexpected(method, path, status, &text)) }
+    }
+
+    fn unreadable(&self, path: &str, detail: String) -> DataplaneError {
+        DataplaneError::UnreadableAnswer { endpoint: self.endpoint.to_string(), path: path.to_owned(), detail }
+    }
+
+    fn unexpected(&self, method: Method, path: &str, status: StatusCode, body: &str) -> DataplaneError {
+        let mut body = body.to_owned();
+        if body.len() > ERROR_BODY_LIMIT {
+            let cut = (0..=ERROR_BODY_LIMIT).rev().find(|i| body.is_char_boundary(*i)).unwrap_or(0);
+            body.truncate(cut);
+        }
+        DataplaneError::UnexpectedStatus {
+            endpoint: self.endpoint.to_string(),
+            method,
+            path: path.to_owned(),
+            status,
+            body,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_joins_paths_below_v3_with_or_without_trailing_slash() {
+        for base in ["http://127.0.0.2:5555/v3", "http://127.0.0.2:5555/v3/"] {
+            let endpoint = Endpoint::parse(base).unwrap();
+            assert_eq!(endpoint.join("info").as_str(), "http://127.0.0.2:5555/v3/info");
+            assert_eq!(endpoint.to_string(), "http://127.0.0.2:5555/v3");
+        }
+    }
+
+    #[test]
+    fn endpoint_for_pod_brackets_ipv6() {
+        let endpoint = Endpoint::for_pod("fd00::7".parse().unwrap(), 5555);
+        assert_eq!(endpoint.to_string(), "http://[fd00::7]:5555/v3");
+    }
+
+    #[test]
+    fn invalid_endpoint_is_reported_with_its_text() {
+        let err = Endpoint::parse("not a url").unwrap_err();
+        assert!(err.to_string().contains("not a url"), "{err}");
+    }
+
+    #[test]
+    fn credentials_debug_hides_the_password() {
+        let shown = format!("{:?}", Credentials::new("admin", "s3cret"));
+        assert!(shown.contains("admin"));
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}

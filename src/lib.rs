@@ -1,0 +1,16 @@
+//! haptic: a Kubernetes ingress controller for a fleet of HAProxy load balancers.
+//!
+//! The pipeline runs watch → render → plan → per-pod state machine → Dataplane client,
+//! with the journal, the HTTP API and telemetry at the side. `docs/ARCHITECTURE.md`
+//! describes each module, what it owns and what it may call.
+
+pub mod api;
+pub mod cli;
+pub mod dataplane;
+pub mod fleet;
+pub mod journal;
+pub mod plan;
+pub mod render;
+pub mod telemetry;
+pub mod tls;
+pub mod watch;

@@ -1,0 +1,24 @@
+//! Telemetry: logging now; OpenTelemetry traces and Prometheus metrics in the operations issue (#6).
+
+use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Installs the global tracing subscriber; the level comes from `RUST_LOG` (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // try_init: tests and repeated calls must not panic on an existing subscriber.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
