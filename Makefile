@@ -1,0 +1,62 @@
+# The two commands: `make demo` (bring the environment up and show it working) and
+# `make test` (every test). Everything else here serves those two.
+
+PODS ?= 3
+ENV_DIR ?= target/env
+ENV_NET ?= 0
+TEST_ENV_DIR ?= target/test-env
+TEST_ENV_NET ?= 1
+PYTHON ?= python3
+ENVCTL = $(PYTHON) tests/env/envctl.py
+
+.PHONY: demo test env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint
+
+## Bring up the local environment and show a request routed through HAProxy to a backend.
+demo: build
+	$(ENVCTL) up --state-dir $(ENV_DIR) --net $(ENV_NET) --pods $(PODS)
+	$(PYTHON) tests/env/demo.py --state-dir $(ENV_DIR)
+
+## Every test: formatting, unit tests, the environment scripts' tests, integration tests on real components.
+test: lint test-unit test-env-scripts test-integration
+
+build:
+	cargo build --all-targets
+
+lint:
+	cargo fmt --all -- --check
+
+test-unit:
+	cargo test --lib --bins
+
+test-env-scripts:
+	$(PYTHON) -m pytest -q tests/env/test_envctl.py
+
+# The integration tests share one environment, started here and always stopped afterwards.
+# Test files that need the Dataplane API run only when the environment could build it; when
+# it could not, the reason is printed as BLOCKED (see docs/environment.md).
+DATAPLANE_TESTS = dataplane
+test-integration: build env-install
+	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
+	status=$$?; \
+	if [ $$status -eq 0 ]; then \
+		tests=$$(ls tests/*.rs | sed 's|tests/||; s|\.rs$$||'); \
+		if ! $(ENVCTL) dataplane-status --state-dir $(TEST_ENV_DIR); then \
+			for t in $(DATAPLANE_TESTS); do echo "BLOCKED: tests/$$t.rs not run"; tests=$$(echo "$$tests" | grep -vx $$t); done; \
+		fi; \
+		HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test $$(for t in $$tests; do printf -- '--test %s ' $$t; done) -- --test-threads=4; \
+		status=$$?; \
+	fi; \
+	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
+	exit $$status
+
+env-install:
+	$(ENVCTL) install
+
+env-up:
+	$(ENVCTL) up --state-dir $(ENV_DIR) --net $(ENV_NET) --pods $(PODS)
+
+env-down:
+	$(ENVCTL) down --state-dir $(ENV_DIR)
+
+env-status:
+	$(ENVCTL) status --state-dir $(ENV_DIR)

