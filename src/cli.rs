@@ -1,9 +1,14 @@
 //! Command line: flags are parsed here into plain values; the work happens in library modules.
 
-use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
 
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use kube::CustomResourceExt;
+
+use crate::config::HAProxyTemplateConfig;
 use crate::dataplane::{Credentials, DataplaneClient, Endpoint};
+use crate::render::Renderer;
 use crate::telemetry::LogFormat;
 
 /// haptic: a Kubernetes ingress controller for a fleet of HAProxy load balancers.
@@ -24,6 +29,24 @@ pub struct Cli {
 pub enum Command {
     /// Check that an HAProxy pod's Dataplane API answers, and print its versions.
     Probe(ProbeArgs),
+    /// Print the HAProxyTemplateConfig CustomResourceDefinition as YAML.
+    Crd,
+    /// Render the files from a configuration and resource files, without a cluster.
+    Render(RenderArgs),
+}
+
+/// Arguments of `haptic render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// A full HAProxyTemplateConfig (YAML or JSON).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// A directory of resource files (YAML or JSON, several documents per file allowed).
+    #[arg(long)]
+    pub resources: PathBuf,
+    /// Where to write haproxy.cfg, maps/ and files/; without it, a listing goes to stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 /// Arguments of `haptic probe`.
@@ -50,5 +73,43 @@ pub async fn probe(args: ProbeArgs) -> Result<()> {
     println!("dataplane_api: {}", info.version);
     println!("haproxy: {health:?}");
     println!("configuration_version: {version}");
+    Ok(())
+}
+
+/// Runs `haptic crd`.
+pub fn crd() -> Result<()> {
+    print!("{}", serde_saphyr::to_string(&HAProxyTemplateConfig::crd())?);
+    Ok(())
+}
+
+/// Runs `haptic render`: every error names its file, field, template or object.
+pub fn render(args: RenderArgs) -> Result<()> {
+    let config = crate::offline::load_config(&args.config)?;
+    let problems = crate::config::validate::problems(&config.spec);
+    if !problems.is_empty() {
+        let lines: Vec<_> = problems.iter().map(ToString::to_string).collect();
+        bail!("{} is not a usable configuration:\n  {}", args.config.display(), lines.join("\n  "));
+    }
+    let renderer = Renderer::compile(&config.spec).with_context(|| format!("in {}", args.config.display()))?;
+    let objects = crate::offline::load_objects(&args.resources)?;
+    let stores = crate::offline::build_stores(&config.spec, &objects)?;
+    let pods = crate::offline::pods(&config.spec, &objects);
+    let files = renderer.render(&stores, &pods)?;
+    match args.out {
+        Some(out) => {
+            for (relative, file) in files.entries() {
+                let path = out.join(&relative);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+                }
+                std::fs::write(&path, &file.content).with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        None => {
+            for (relative, file) in files.entries() {
+                println!("{relative}\t{} bytes\tsha256:{}", file.content.len(), file.checksum);
+            }
+        }
+    }
     Ok(())
 }

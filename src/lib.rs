@@ -6,11 +6,15 @@
 
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod dataplane;
+pub mod files;
 pub mod fleet;
 pub mod journal;
+pub mod offline;
 pub mod plan;
 pub mod render;
+pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod watch;

@@ -1,15 +1,31 @@
 //! The `haptic` binary: parses the command line and hands off to the library.
 
-use anyhow::Result;
+use std::process::ExitCode;
+
 use clap::Parser;
 use haptic::cli::{Cli, Command};
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     haptic::telemetry::init_logging(cli.log_format);
     haptic::tls::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    match cli.command {
-        Command::Probe(args) => runtime.block_on(haptic::cli::probe(args)),
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` prints the whole chain of causes on one line, without a backtrace.
+            eprintln!("haptic: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Probe(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(haptic::cli::probe(args))
+        }
+        Command::Crd => haptic::cli::crd(),
+        Command::Render(args) => haptic::cli::render(args),
     }
 }

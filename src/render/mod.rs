@@ -1,4 +1,306 @@
-//! Render: turns the watched stores and the templates into the desired file set
-//! (`haproxy.cfg`, maps, general files), each with its checksum.
+//! Render: turns the watched stores and the configuration's templates into the desired file
+//! set (`haproxy.cfg`, maps, general files), each with its checksum.
 //!
-//! Pure over its inputs: no network, no disk. Built in the render issue (#3).
+//! Pure over its inputs: no network, no disk. Templates are compiled once per configuration
+//! ([`Renderer::compile`]) and rendered many times ([`Renderer::render`]). Output is
+//! byte-for-byte deterministic: stores hand objects out in (namespace, name) order whatever the
+//! order their events arrived in.
+
+mod context;
+mod filters;
+mod library;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Serde, Value};
+use minijinja::{AutoEscape, Environment, UndefinedBehavior};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::config::HAProxyTemplateConfigSpec;
+use crate::files::{FileSet, RenderedFile};
+use crate::store::{ObjectRef, ResourceStore, Stores};
+
+/// Name of the main configuration's template.
+pub const HAPROXY_CFG: &str = "haproxy.cfg";
+
+/// An HAProxy pod as templates see it (`pods`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodInfo {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, the pod's identity.
+    pub uid: String,
+    /// `status.podIP`.
+    pub ip: String,
+}
+
+/// Errors of compiling or rendering templates; each names the template and, where it applies,
+/// the line and the object being rendered.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RenderError {
+    /// A template does not parse, or a name is unusable as a file name.
+    #[error("template {template}{}: {detail}", line_suffix(*line))]
+    Syntax {
+        /// The template's name (`haproxy.cfg`, `maps/host.map`, `snippets/x`).
+        template: String,
+        /// The line of the problem.
+        line: Option<usize>,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A template uses `resources.<alias>` for an alias nothing watches.
+    #[error("template {template} uses resources.{alias}, but no watched resource has that alias (watched: {known})")]
+    UnknownAlias {
+        /// The template's name.
+        template: String,
+        /// The unknown alias.
+        alias: String,
+        /// The aliases that exist.
+        known: String,
+    },
+    /// Rendering failed; a value refused for HAProxy's syntax blames its object.
+    #[error("rendering {template}{}{}: {detail}", line_suffix(*line), object_suffix(object.as_deref()))]
+    Render {
+        /// The template where it failed.
+        template: String,
+        /// The line where it failed.
+        line: Option<usize>,
+        /// The object being rendered (the one touched last), if any.
+        object: Option<Box<ObjectRef>>,
+        /// Whether the object's own value was refused (so leaving the object out can help).
+        refused_value: bool,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+fn line_suffix(line: Option<usize>) -> String {
+    line.map(|l| format!(" line {l}")).unwrap_or_default()
+}
+
+fn object_suffix(object: Option<&ObjectRef>) -> String {
+    object.map(|o| format!(" (while rendering {o})")).unwrap_or_default()
+}
+
+impl RenderError {
+    /// The object to leave out so the rest can render, when a value of that object was refused.
+    pub fn offending_object(&self) -> Option<&ObjectRef> {
+        match self {
+            Self::Render { object, refused_value: true, .. } => object.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// Compiled templates of one configuration.
+#[derive(Debug)]
+pub struct Renderer {
+    env: Environment<'static>,
+    map_names: Vec<String>,
+    file_names: Vec<String>,
+    extra_context: Value,
+}
+
+/// Whether values emitted by this template must stay on one line: everything but general
+/// files (error pages are free text). Snippets are checked too, since they end up in
+/// `haproxy.cfg` or maps; a snippet included by a general file is held to the same rule.
+fn line_oriented(template: &str) -> bool {
+    !template.starts_with("files/")
+}
+
+impl Renderer {
+    /// Compiles every template of a configuration and checks the aliases they use.
+    pub fn compile(spec: &HAProxyTemplateConfigSpec) -> Result<Self, RenderError> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+        // Block tags take their own line and indentation with them, so templates can be laid out
+        // readably without leaving blank lines in the output.
+        let syntax = SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(true).build();
+        env.set_syntax(syntax.expect("the default delimiters are valid"));
+        env.set_formatter(|out, state, value| {
+            if line_oriented(state.name())
+                && let Some(text) = value.as_str()
+                && let Some(c) = filters::forbidden_char(text)
+            {
+                context::blame_last_object();
+                return Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    format!(
+                        "refusing to write {text:?}: it holds {}, which would break the file",
+                        filters::describe(c)
+                    ),
+                ));
+            }
+            minijinja::escape_formatter(out, state, value)
+        });
+        env.add_filter("haproxy_quote", |value: &str| filters::haproxy_quote(value));
+        env.add_filter("hostname", |value: &str| filters::hostname(value));
+        env.add_filter("map_key", |value: &str| filters::map_key(value));
+        env.add_function("collector", || Value::from_object(context::Collector::default()));
+        env.add_function("endpoints", |slices: Value, port_name: Option<Value>| {
+            library::endpoints(&slices, port_name.as_ref())
+        });
+        env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
+        env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
+            library::service_endpoints(&service, &port, &slices)
+        });
+        let dirs = &spec.dataplane;
+        for (function, dir) in
+            [("map_path", &dirs.maps_dir), ("file_path", &dirs.general_dir), ("cert_path", &dirs.certs_dir)]
+        {
+            let dir = dir.trim_end_matches('/').to_owned();
+            env.add_function(function, move |name: &str| -> Result<String, minijinja::Error> {
+                check_file_name(name)
+                    .map_err(|detail| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, detail))?;
+                Ok(format!("{dir}/{name}"))
+            });
+        }
+
+        let templates = &spec.templates;
+        let mut sources: Vec<(String, &str)> = vec![(HAPROXY_CFG.to_owned(), templates.haproxy_config.as_str())];
+        for (kind, entries) in
+            [("maps", &templates.maps), ("files", &templates.files), ("snippets", &templates.snippets)]
+        {
+            for (name, source) in entries {
+                check_file_name(name).map_err(|detail| RenderError::Syntax {
+                    template: format!("{kind}/{name}"),
+                    line: None,
+                    detail,
+                })?;
+                sources.push((format!("{kind}/{name}"), source.as_str()));
+            }
+        }
+        for (name, source) in &sources {
+            env.add_template_owned(name.clone(), source.to_string()).map_err(|error| RenderError::Syntax {
+                template: name.clone(),
+                line: error.line(),
+                detail: error.detail().map(str::to_owned).unwrap_or_else(|| error.kind().to_string()),
+            })?;
+        }
+        let known: BTreeSet<&str> = spec.watched_resources.keys().map(String::as_str).collect();
+        for (name, _) in &sources {
+            let template = env.get_template(name).map_err(|error| RenderError::Syntax {
+                template: name.clone(),
+                line: error.line(),
+                detail: error.to_string(),
+            })?;
+            for variable in template.undeclared_variables(true) {
+                if let Some(alias) =
+                    variable.strip_prefix("resources.").map(|rest| rest.split('.').next().unwrap_or(rest))
+                    && !known.contains(alias)
+                {
+                    return Err(RenderError::UnknownAlias {
+                        template: name.clone(),
+                        alias: alias.to_owned(),
+                        known: known.iter().copied().collect::<Vec<_>>().join(", "),
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            env,
+            map_names: templates.maps.keys().cloned().collect(),
+            file_names: templates.files.keys().cloned().collect(),
+            extra_context: templates.extra_context.as_ref().map(|extra| Value::from(Serde(extra))).unwrap_or_default(),
+        })
+    }
+
+    /// Renders every file from the current stores and pods.
+    pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
+        context::reset_tracking();
+        let resources = Value::from_object(context::Resources::new(stores));
+        let ctx = minijinja::context! {
+            resources => resources,
+            pods => Value::from(Serde(pods)),
+            extraContext => self.extra_context.clone(),
+            shared => Value::from_object(context::Shared::default()),
+        };
+        let render = |name: &str| -> Result<RenderedFile, RenderError> {
+            let template = self.env.get_template(name).map_err(|error| self.render_error(name, &error))?;
+            template.render(&ctx).map(RenderedFile::new).map_err(|error| self.render_error(name, &error))
+        };
+        let haproxy_cfg = render(HAPROXY_CFG)?;
+        let mut maps = BTreeMap::new();
+        for name in &self.map_names {
+            maps.insert(name.clone(), render(&format!("maps/{name}"))?);
+        }
+        let mut files = BTreeMap::new();
+        for name in &self.file_names {
+            files.insert(name.clone(), render(&format!("files/{name}"))?);
+        }
+        Ok(FileSet { haproxy_cfg, maps, files })
+    }
+
+    /// Renders, leaving out objects whose values are refused, one at a time, up to `max_left_out`,
+    /// so one bad object cannot stop every other from being served.
+    /// Returns the files and, for each object left out, the error it caused.
+    pub fn render_leaving_out(
+        &self,
+        stores: &Stores,
+        pods: &[PodInfo],
+        max_left_out: usize,
+    ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
+        let mut stores = stores.clone();
+        let mut left_out = Vec::new();
+        loop {
+            let error = match self.render(&stores, pods) {
+                Ok(files) => return Ok((files, left_out)),
+                Err(error) => error,
+            };
+            let Some(object) = error.offending_object().filter(|_| left_out.len() < max_left_out).cloned() else {
+                return Err(error);
+            };
+            let mut removed = false;
+            for store in stores.values_mut() {
+                if store.kind() == object.kind && store.by_key(&object.key).is_some() {
+                    let mut without = ResourceStore::clone(store);
+                    without.delete(&object.key);
+                    *store = Arc::new(without);
+                    removed = true;
+                }
+            }
+            if !removed {
+                return Err(error);
+            }
+            left_out.push(error);
+        }
+    }
+
+    fn render_error(&self, fallback_name: &str, error: &minijinja::Error) -> RenderError {
+        // An error inside an included template arrives wrapped ("error in snippets/x"); the
+        // innermost one knows the template, line and message that matter.
+        let mut innermost = error;
+        while let Some(inner) = std::error::Error::source(innermost).and_then(|s| s.downcast_ref::<minijinja::Error>())
+        {
+            innermost = inner;
+        }
+        let offender = context::offender();
+        let template = innermost.name().or(error.name()).unwrap_or(fallback_name);
+        let mut detail = innermost.detail().map(str::to_owned).unwrap_or_else(|| innermost.kind().to_string());
+        if template != fallback_name {
+            detail = format!("{detail} (included from {fallback_name})");
+        }
+        RenderError::Render {
+            template: template.to_owned(),
+            line: innermost.line(),
+            refused_value: offender.is_some(),
+            object: offender.or_else(context::last_object).map(Box::new),
+            detail,
+        }
+    }
+}
+
+/// A name usable as a file name on the pods: no path separators, no `..`, not empty.
+fn check_file_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.chars().any(char::is_control) {
+        Err(format!("{name:?} is not a usable file name"))
+    } else {
+        Ok(())
+    }
+}

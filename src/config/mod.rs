@@ -1,0 +1,247 @@
+//! The configuration resource `HAProxyTemplateConfig` (group `haptic.dev`): what to watch,
+//! which pods to manage, how to reach them, and the templates to render.
+//!
+//! The CRD is generated from these types (`haptic crd`), so the OpenAPI schema the API server
+//! enforces and the Rust types cannot drift apart. Checks the schema cannot express (template
+//! syntax, index keys) live in [`validate`], whose problems end up in the resource's status.
+
+mod duration;
+pub mod validate;
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use duration::ConfigDuration;
+
+/// API group of haptic's resources.
+pub const GROUP: &str = "haptic.dev";
+
+/// The desired state of one haptic installation.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "haptic.dev",
+    version = "v1alpha1",
+    kind = "HAProxyTemplateConfig",
+    namespaced,
+    status = "HAProxyTemplateConfigStatus",
+    shortname = "htc",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HAProxyTemplateConfigSpec {
+    /// Resource types to watch, by the alias templates use (`resources.<alias>`).
+    #[x_kube(validation = Rule::new("self.all(alias, alias.matches('^[a-z][a-zA-Z0-9_]*$'))")
+        .message("aliases start with a lowercase letter and hold only letters, digits and '_'"))]
+    pub watched_resources: BTreeMap<String, WatchedResource>,
+    /// Labels that select the HAProxy pods to manage.
+    pub pod_selector: PodSelector,
+    /// How pods are reached and deployed to.
+    #[serde(default)]
+    pub dataplane: DataplaneSettings,
+    /// The templates that produce `haproxy.cfg`, map files and general files.
+    pub templates: Templates,
+}
+
+/// One watched resource type.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedResource {
+    /// `group/version` (or `v1` for the core group), as in a manifest.
+    #[schemars(length(min = 1))]
+    pub api_version: String,
+    /// The kind, as in a manifest (`Ingress`, `EndpointSlice`, a custom kind...).
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// Namespaces to watch; all namespaces when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
+    /// A label selector in `kubectl` syntax (`app=web,tier!=cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+    /// A field selector in `kubectl` syntax (`metadata.name=foo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_selector: Option<String>,
+    /// Field paths whose values form the lookup key of `resources.<alias>.get(...)`,
+    /// e.g. `["metadata.namespace", "metadata.name"]`.
+    #[serde(default = "default_index_by")]
+    #[schemars(length(min = 1))]
+    pub index_by: Vec<String>,
+}
+
+fn default_index_by() -> Vec<String> {
+    vec!["metadata.namespace".into(), "metadata.name".into()]
+}
+
+/// Labels that select the HAProxy pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSelector {
+    /// Every label here must match.
+    #[schemars(length(min = 1))]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// How pods are reached and deployed to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DataplaneSettings {
+    /// Dataplane API port on each pod.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// How often every pod is checked against what was last pushed to it.
+    pub drift_prevention_interval: ConfigDuration,
+    /// The Secret holding `dataplane_username` and `dataplane_password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretRef>,
+    /// Where map files live on the pods.
+    #[schemars(length(min = 1))]
+    pub maps_dir: String,
+    /// Where general files (error pages...) live on the pods.
+    #[schemars(length(min = 1))]
+    pub general_dir: String,
+    /// Where certificates live on the pods.
+    #[schemars(length(min = 1))]
+    pub certs_dir: String,
+    /// How many pods are deployed to at once.
+    #[schemars(range(min = 1))]
+    pub max_parallel: u32,
+    /// How watched changes are coalesced into renders.
+    pub debounce: DebounceSettings,
+}
+
+impl Default for DataplaneSettings {
+    fn default() -> Self {
+        Self {
+            port: 5555,
+            drift_prevention_interval: ConfigDuration::from_secs(60),
+            credentials_secret_ref: None,
+            maps_dir: "/etc/haproxy/maps".into(),
+            general_dir: "/etc/haproxy/general".into(),
+            certs_dir: "/etc/haproxy/ssl".into(),
+            max_parallel: 10,
+            debounce: DebounceSettings::default(),
+        }
+    }
+}
+
+/// A reference to a Secret; the namespace defaults to the configuration's own.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The Secret's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// Coalescing of watched changes: the first change after a quiet `window` renders at once; later
+/// ones are batched until `window` passes without a change, but never beyond `maxDelay`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DebounceSettings {
+    /// Quiet time that ends a burst.
+    pub window: ConfigDuration,
+    /// Longest any change waits for its render.
+    pub max_delay: ConfigDuration,
+}
+
+impl Default for DebounceSettings {
+    fn default() -> Self {
+        Self { window: ConfigDuration::from_millis(500), max_delay: ConfigDuration::from_secs(5) }
+    }
+}
+
+/// The templates.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Templates {
+    /// The template of `haproxy.cfg`.
+    #[schemars(length(min = 1))]
+    pub haproxy_config: String,
+    /// Map files by name (`host.map`) → template.
+    #[serde(default)]
+    pub maps: BTreeMap<String, String>,
+    /// General files by name (`500.http`) → template.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Reusable pieces, included as `{% include "snippets/<name>" %}`.
+    #[serde(default)]
+    pub snippets: BTreeMap<String, String>,
+    /// Free data offered to templates as `extraContext`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub extra_context: Option<serde_json::Value>,
+}
+
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// What the controller last concluded about the configuration.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HAProxyTemplateConfigStatus {
+    /// The `metadata.generation` these conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Valid` (and, in later versions, `Rendered`, `Synced`).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A status condition, shaped like Kubernetes' own.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// The condition's name.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase word for machines.
+    pub reason: String,
+    /// A sentence for people.
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::*;
+
+    #[test]
+    fn crd_is_namespaced_in_our_group_with_a_status_subresource() {
+        let crd = HAProxyTemplateConfig::crd();
+        assert_eq!(crd.spec.group, GROUP);
+        assert_eq!(crd.spec.scope, "Namespaced");
+        assert_eq!(crd.spec.names.kind, "HAProxyTemplateConfig");
+        let version = &crd.spec.versions[0];
+        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+    }
+
+    #[test]
+    fn defaults_fill_an_almost_empty_spec() {
+        let spec: HAProxyTemplateConfigSpec = serde_json::from_value(serde_json::json!({
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress"}},
+            "podSelector": {"matchLabels": {"app": "haproxy"}},
+            "templates": {"haproxyConfig": "global\n"}
+        }))
+        .unwrap();
+        assert_eq!(spec.dataplane.port, 5555);
+        assert_eq!(spec.dataplane.drift_prevention_interval, ConfigDuration::from_secs(60));
+        assert_eq!(spec.watched_resources["ingresses"].index_by, ["metadata.namespace", "metadata.name"]);
+    }
+}

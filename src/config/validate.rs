@@ -1,0 +1,87 @@
+//! Checks of a configuration that its OpenAPI schema cannot express. Template compilation is
+//! checked by [`crate::render::Renderer::compile`].
+
+use std::fmt;
+
+use super::HAProxyTemplateConfigSpec;
+use crate::store::FieldPath;
+
+/// One problem, located by the field it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// The field, as a path from `spec` (`watchedResources.ingresses.indexBy[1]`).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spec.{}: {}", self.field, self.message)
+    }
+}
+
+/// Every problem the schema does not catch; empty when the configuration is usable.
+pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
+    let mut found = Vec::new();
+    for (alias, watched) in &spec.watched_resources {
+        if !alias.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+            || !alias.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            found.push(ConfigProblem {
+                field: format!("watchedResources.{alias}"),
+                message: "aliases start with a lowercase letter and hold only letters, digits and '_'".into(),
+            });
+        }
+        if watched.index_by.is_empty() {
+            found.push(ConfigProblem {
+                field: format!("watchedResources.{alias}.indexBy"),
+                message: "needs at least one field path".into(),
+            });
+        }
+        for (i, path) in watched.index_by.iter().enumerate() {
+            if let Err(message) = FieldPath::parse(path) {
+                found.push(ConfigProblem { field: format!("watchedResources.{alias}.indexBy[{i}]"), message });
+            }
+        }
+    }
+    if spec.pod_selector.match_labels.is_empty() {
+        found.push(ConfigProblem {
+            field: "podSelector.matchLabels".into(),
+            message: "needs at least one label, or every pod would be managed".into(),
+        });
+    }
+    let debounce = &spec.dataplane.debounce;
+    if debounce.window > debounce.max_delay {
+        found.push(ConfigProblem {
+            field: "dataplane.debounce".into(),
+            message: format!("window {} is longer than maxDelay {}", debounce.window, debounce.max_delay),
+        });
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(index_by: &str) -> HAProxyTemplateConfigSpec {
+        serde_json::from_value(serde_json::json!({
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                                                "indexBy": ["metadata.namespace", index_by]}},
+            "podSelector": {"matchLabels": {"app": "haproxy"}},
+            "dataplane": {"debounce": {"window": "10s", "maxDelay": "1s"}},
+            "templates": {"haproxyConfig": "global\n"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn bad_index_path_and_inverted_debounce_are_located() {
+        let found: Vec<_> = problems(&spec("metadata.labels['x'")).iter().map(ToString::to_string).collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("spec.watchedResources.ingresses.indexBy[1]: "), "{found:?}");
+        assert!(found[0].contains("never closed"));
+        assert_eq!(found[1], "spec.dataplane.debounce: window 10s is longer than maxDelay 1s");
+    }
+}

