@@ -652,6 +652,41 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restart_apiserver(args: argparse.Namespace) -> int:
+    """Kills the API server and starts it again on the same port, data and certificates, as a
+    control-plane crash and restart would: clients see their connections drop and must resume.
+    (A graceful stop waits for open watches to drain, which takes tens of seconds.)"""
+    state_dir = Path(args.state_dir).resolve()
+    with state_lock(state_dir):
+        if not env_is_running(state_dir):
+            raise EnvError(f"no environment running in {state_dir}")
+        manifest = json.loads((state_dir / "env.json").read_text())
+        processes = load_processes(state_dir)
+        old = next(p for p in processes if p.name == "apiserver")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(old.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pids_in_groups({old.pid}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in pids_in_groups({old.pid}):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        port = manifest["apiserver"]["url"].rsplit(":", 1)[1]
+        apiserver_dir = state_dir / "apiserver"
+        # The killed server left its kubeconfig; its reappearance is the readiness signal.
+        with contextlib.suppress(FileNotFoundError):
+            (apiserver_dir / "kubeconfig").unlink()
+        sup = Supervisor(state_dir, [p for p in processes if p.pid != old.pid])
+        log_path = Path(manifest["apiserver"]["log"])
+        proc = sup.start("apiserver", [str(CACHE_DIR / "bin" / "haptic-apiserver"), "--data-dir", str(apiserver_dir),
+                                       "--secure-port", port], log_path)
+        wait_until("kube-apiserver (restarted)", log_path, (apiserver_dir / "kubeconfig").exists, args.ready_timeout,
+                   proc)
+    if not args.quiet:
+        print(f"apiserver restarted on port {port}")
+    return 0
+
+
 def cmd_dataplane_status(args: argparse.Namespace) -> int:
     """Exit 0 when the running environment has its Dataplane APIs, 3 (and why not) otherwise."""
     state_dir = Path(args.state_dir).resolve()
@@ -676,10 +711,12 @@ def cmd_install(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("up", "down", "status", "dataplane-status"):
+    for name in ("up", "down", "status", "dataplane-status", "restart-apiserver"):
         p = sub.add_parser(name)
         p.add_argument("--state-dir", default=os.environ.get("HAPTIC_ENV_DIR", str(DEFAULT_STATE_DIR)))
         p.add_argument("--quiet", action="store_true")
+        if name in ("up", "restart-apiserver"):
+            p.add_argument("--ready-timeout", type=float, default=120.0)
         if name == "up":
             p.add_argument("--pods", type=int, default=int(os.environ.get("PODS", "3")))
             p.add_argument("--backends", type=int, default=6)
@@ -689,12 +726,11 @@ def main(argv: list[str] | None = None) -> int:
                            help="HAProxy versions given to pods in turn (2.8 from PyPI, 2.6 from Debian)")
             p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
             p.add_argument("--apiserver-port", type=int, default=0, help="0 picks a free port")
-            p.add_argument("--ready-timeout", type=float, default=120.0)
             p.add_argument("--no-install", action="store_true", help="fail instead of fetching what is missing")
     sub.add_parser("install")
     args = parser.parse_args(argv)
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "install": cmd_install,
-                "dataplane-status": cmd_dataplane_status}
+                "dataplane-status": cmd_dataplane_status, "restart-apiserver": cmd_restart_apiserver}
     try:
         return handlers[args.command](args)
     except EnvError as error:

@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -271,6 +272,14 @@ func writePKI(dir string) (pkiFiles, error) {
 		serviceAccountKey: filepath.Join(dir, "service-account.key"),
 		tokenFile:         filepath.Join(dir, "tokens.csv"),
 	}
+	// A restart on the same data dir keeps its certificates and token, so clients that were
+	// connected before (a controller under test, say) can reconnect.
+	if token, err := os.ReadFile(files.tokenFile); err == nil {
+		if _, err := os.Stat(files.serverKey); err == nil {
+			files.adminToken = strings.SplitN(string(token), ",", 2)[0]
+			return files, nil
+		}
+	}
 
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -377,4 +386,3 @@ current-context: haptic-testenv
 	}
 	return os.Rename(tmp, cfg.kubeconfigPath)
 }
-
