@@ -43,7 +43,7 @@ test-integration: build env-install
 		if ! $(ENVCTL) dataplane-status --state-dir $(TEST_ENV_DIR); then \
 			for t in $(DATAPLANE_TESTS); do echo "BLOCKED: tests/$$t.rs not run"; tests=$$(echo "$$tests" | grep -vx $$t); done; \
 		fi; \
-		HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test $$(for t in $$tests; do printf -- '--test %s ' $$t; done) -- --test-threads=4; \
+		HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test --no-fail-fast $$(for t in $$tests; do printf -- '--test %s ' $$t; done) -- --test-threads=4; \
 		status=$$?; \
 	fi; \
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \

@@ -33,6 +33,25 @@ pub enum Command {
     Crd,
     /// Render the files from a configuration and resource files, without a cluster.
     Render(RenderArgs),
+    /// Run the controller: follow one HAProxyTemplateConfig, watch what it names, render.
+    Run(RunArgs),
+}
+
+/// Arguments of `haptic run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Namespace of the HAProxyTemplateConfig to follow.
+    #[arg(long, env = "HAPTIC_CONFIG_NAMESPACE")]
+    pub config_namespace: String,
+    /// Name of the HAProxyTemplateConfig to follow.
+    #[arg(long, env = "HAPTIC_CONFIG_NAME")]
+    pub config_name: String,
+    /// Also write every render to this directory (files and renders.log), for inspection.
+    #[arg(long, env = "HAPTIC_RENDER_DIR")]
+    pub render_dir: Option<PathBuf>,
+    /// How many objects with values HAProxy cannot take a render may leave out before failing.
+    #[arg(long, default_value_t = 100)]
+    pub max_left_out: usize,
 }
 
 /// Arguments of `haptic render`.
@@ -112,4 +131,29 @@ pub fn render(args: RenderArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs `haptic run` until interrupted; the cluster comes from KUBECONFIG or the in-cluster
+/// service account.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API server")?;
+    let options = crate::controller::ControllerOptions {
+        namespace: args.config_namespace,
+        name: args.config_name,
+        render_dir: args.render_dir,
+        max_left_out: args.max_left_out,
+    };
+    tokio::select! {
+        result = crate::controller::run(client, options) => Ok(result?),
+        _ = shutdown_signal() => Ok(()),
+    }
+}
+
+async fn shutdown_signal() {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match terminate.as_mut() { Some(signal) => { signal.recv().await; } None => std::future::pending().await } } => {}
+    }
+    tracing::info!("shutting down");
 }

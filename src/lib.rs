@@ -7,6 +7,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod dataplane;
 pub mod files;
 pub mod fleet;

@@ -27,5 +27,9 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Crd => haptic::cli::crd(),
         Command::Render(args) => haptic::cli::render(args),
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(haptic::cli::run(args))
+        }
     }
 }

@@ -81,7 +81,7 @@ fn default_index_by() -> Vec<String> {
 #[serde(rename_all = "camelCase")]
 pub struct PodSelector {
     /// Every label here must match.
-    #[schemars(length(min = 1))]
+    #[schemars(extend("minProperties" = 1))]
     pub match_labels: BTreeMap<String, String>,
 }
 

@@ -195,17 +195,33 @@ impl ResourceStore {
 
     /// Replaces the whole content (a re-list); true when anything differs from before.
     pub fn replace_all(&mut self, objects: impl IntoIterator<Item = Json>) -> Result<bool, StoreError> {
-        let mut fresh = Self::new(self.kind.clone(), self.index_by.clone());
+        self.replace_scope(None, objects)
+    }
+
+    /// Replaces the objects of one namespace (or all, for `None`) with a re-list of it, leaving
+    /// other namespaces alone; true when anything differs from before.
+    pub fn replace_scope(
+        &mut self,
+        namespace: Option<&str>,
+        objects: impl IntoIterator<Item = Json>,
+    ) -> Result<bool, StoreError> {
+        let in_scope = |key: &ObjectKey| namespace.is_none_or(|ns| key.namespace == ns);
+        let mut fresh = BTreeMap::new();
         for object in objects {
-            fresh.apply(object)?;
+            let stored = self.prepare(object)?;
+            fresh.insert(stored.reference.key.clone(), stored);
         }
-        let changed = fresh.objects.len() != self.objects.len()
-            || fresh
-                .objects
-                .iter()
-                .any(|(key, object)| self.objects.get(key).is_none_or(|old| old.content != object.content));
+        let old_count = self.objects.keys().filter(|key| in_scope(key)).count();
+        let changed = fresh.len() != old_count
+            || fresh.iter().any(|(key, object)| self.objects.get(key).is_none_or(|old| old.content != object.content));
         if changed {
-            *self = fresh;
+            let stale: Vec<ObjectKey> = self.objects.keys().filter(|key| in_scope(key)).cloned().collect();
+            for key in stale {
+                self.remove(&key);
+            }
+            for (key, stored) in fresh {
+                self.insert(key, Arc::new(stored));
+            }
         }
         Ok(changed)
     }
@@ -288,6 +304,17 @@ mod tests {
         assert!(store.replace_all([service("a", "web", 80, "7"), service("a", "api", 80, "8")]).unwrap());
         assert!(store.replace_all([service("a", "api", 80, "8")]).unwrap());
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn relisting_one_namespace_leaves_the_others_alone() {
+        let mut store = store();
+        store.apply(service("a", "web", 80, "1")).unwrap();
+        store.apply(service("b", "web", 80, "1")).unwrap();
+        assert!(!store.replace_scope(Some("a"), [service("a", "web", 80, "9")]).unwrap());
+        assert!(store.replace_scope(Some("a"), []).unwrap());
+        let left: Vec<_> = store.iter().map(|o| o.reference.to_string()).collect();
+        assert_eq!(left, ["Service b/web"]);
     }
 
     #[test]

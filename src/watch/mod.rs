@@ -1,5 +1,327 @@
-//! Watch: one watcher per resource type named in the configuration, feeding in-memory
-//! stores indexed by the configured keys and signalling (debounced) when a render is due.
+//! Watch: one watcher per watched resource type (per namespace when the configuration names
+//! namespaces), feeding the stores and announcing each real change.
 //!
-//! Owns the Kubernetes watch streams and the stores. Calls nothing downstream directly:
-//! it emits change notifications that the reconciler consumes. Built in the render issue (#3).
+//! A thin adapter over kube-runtime: types are found through discovery, so any resource the
+//! API server serves works, custom resources included. Re-lists (after an API server restart
+//! or an expired watch) replace a store's content atomically and announce a change only when
+//! the content really differs. Renders are coalesced by [`debounce`].
+
+pub mod debounce;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::Value as Json;
+use thiserror::Error;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::config::{HAProxyTemplateConfigSpec, WatchedResource};
+use crate::store::{FieldPath, ObjectKey, ObjectRef, ResourceStore, Stores, object_key};
+
+/// One change that may call for a render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// An object was added or changed.
+    Applied(ObjectRef),
+    /// An object was deleted.
+    Deleted(ObjectRef),
+    /// A re-list found different content (objects changed while nobody was watching).
+    Relisted {
+        /// The alias re-listed.
+        alias: String,
+    },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Applied(object) => write!(f, "{object} applied"),
+            Self::Deleted(object) => write!(f, "{object} deleted"),
+            Self::Relisted { alias } => write!(f, "{alias} re-listed with changes"),
+        }
+    }
+}
+
+/// Errors starting watches, each naming the alias.
+#[derive(Debug, Error)]
+pub enum WatchError {
+    /// The API server does not serve this type.
+    #[error("spec.watchedResources.{alias}: the API server does not serve {api_version} {kind}: {source}")]
+    Discovery {
+        /// The alias.
+        alias: String,
+        /// Its apiVersion.
+        api_version: String,
+        /// Its kind.
+        kind: String,
+        /// Discovery's error.
+        source: kube::Error,
+    },
+    /// An `indexBy` path does not parse.
+    #[error("spec.watchedResources.{alias}.indexBy: {detail}")]
+    IndexPath {
+        /// The alias.
+        alias: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// A store shared between its watcher (which writes) and renders (which take snapshots).
+/// Writes copy the store only while a snapshot of it is still in use.
+#[derive(Debug)]
+pub struct SharedStore(Mutex<Arc<ResourceStore>>);
+
+impl SharedStore {
+    fn new(store: ResourceStore) -> Self {
+        Self(Mutex::new(Arc::new(store)))
+    }
+
+    /// The store as it is now; later changes do not affect it.
+    pub fn snapshot(&self) -> Arc<ResourceStore> {
+        self.0.lock().map(|store| store.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    fn update<R>(&self, change: impl FnOnce(&mut ResourceStore) -> R) -> R {
+        let mut guard = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        change(Arc::make_mut(&mut guard))
+    }
+}
+
+/// The running watches of one configuration. Dropping it stops them.
+pub struct Watches {
+    stores: BTreeMap<String, Arc<SharedStore>>,
+    tasks: Vec<JoinHandle<()>>,
+    streams: usize,
+    synced: Arc<AtomicUsize>,
+    synced_notify: Arc<Notify>,
+}
+
+impl Watches {
+    /// Finds every watched type through discovery and starts its watchers. Changes are sent to
+    /// `changes` once each stream has listed its objects for the first time.
+    pub async fn start(
+        client: kube::Client,
+        spec: &HAProxyTemplateConfigSpec,
+        changes: mpsc::Sender<Change>,
+    ) -> Result<Self, WatchError> {
+        let mut watches = Self {
+            stores: BTreeMap::new(),
+            tasks: Vec::new(),
+            streams: 0,
+            synced: Arc::new(AtomicUsize::new(0)),
+            synced_notify: Arc::new(Notify::new()),
+        };
+        for (alias, watched) in &spec.watched_resources {
+            let resource = discover(&client, alias, watched).await?;
+            let index_by = watched
+                .index_by
+                .iter()
+                .map(|path| FieldPath::parse(path))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|detail| WatchError::IndexPath { alias: alias.clone(), detail })?;
+            let store = Arc::new(SharedStore::new(ResourceStore::new(watched.kind.clone(), index_by)));
+            watches.stores.insert(alias.clone(), store.clone());
+            let namespaces: Vec<Option<String>> = match &watched.namespaces {
+                Some(namespaces) => namespaces.iter().cloned().map(Some).collect(),
+                None => vec![None],
+            };
+            for namespace in namespaces {
+                let stream = AliasStream {
+                    alias: alias.clone(),
+                    namespace,
+                    resource: resource.clone(),
+                    store: store.clone(),
+                    changes: changes.clone(),
+                    synced: watches.synced.clone(),
+                    synced_notify: watches.synced_notify.clone(),
+                };
+                let config = watcher_config(watched);
+                watches.tasks.push(tokio::spawn(stream.run(client.clone(), config)));
+                watches.streams += 1;
+            }
+        }
+        Ok(watches)
+    }
+
+    /// Waits until every stream has listed its objects once.
+    pub async fn wait_synced(&self) {
+        loop {
+            let notified = self.synced_notify.notified();
+            if self.is_synced() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether every stream has listed its objects once.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire) >= self.streams
+    }
+
+    /// Every store as it is now.
+    pub fn snapshot(&self) -> Stores {
+        self.stores.iter().map(|(alias, store)| (alias.clone(), store.snapshot())).collect()
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Retry pacing for interrupted watches: quick (at most 5 s apart) because a control-plane
+/// restart should not leave routing stale for long, jittered so many watches do not reconnect
+/// in lockstep.
+pub fn reconnect_backoff() -> impl kube::runtime::utils::Backoff {
+    kube::runtime::utils::ResetTimerBackoff::new(
+        watcher::ExponentialBackoff::from(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(500))
+                .with_max_delay(Duration::from_secs(5))
+                .with_factor(2.0)
+                .with_jitter()
+                .without_max_times(),
+        ),
+        Duration::from_secs(60),
+    )
+}
+
+fn watcher_config(watched: &WatchedResource) -> watcher::Config {
+    let mut config = watcher::Config::default();
+    if let Some(labels) = &watched.label_selector {
+        config = config.labels(labels);
+    }
+    if let Some(fields) = &watched.field_selector {
+        config = config.fields(fields);
+    }
+    config
+}
+
+async fn discover(client: &kube::Client, alias: &str, watched: &WatchedResource) -> Result<ApiResource, WatchError> {
+    let (group, version) = match watched.api_version.split_once('/') {
+        Some((group, version)) => (group.to_owned(), version.to_owned()),
+        None => (String::new(), watched.api_version.clone()),
+    };
+    let gvk = GroupVersionKind::gvk(&group, &version, &watched.kind);
+    let (resource, _) = kube::discovery::pinned_kind(client, &gvk).await.map_err(|source| WatchError::Discovery {
+        alias: alias.to_owned(),
+        api_version: watched.api_version.clone(),
+        kind: watched.kind.clone(),
+        source,
+    })?;
+    Ok(resource)
+}
+
+/// One watch stream: an alias, in one namespace or all.
+struct AliasStream {
+    alias: String,
+    namespace: Option<String>,
+    resource: ApiResource,
+    store: Arc<SharedStore>,
+    changes: mpsc::Sender<Change>,
+    synced: Arc<AtomicUsize>,
+    synced_notify: Arc<Notify>,
+}
+
+impl AliasStream {
+    async fn run(self, client: kube::Client, config: watcher::Config) {
+        let api: Api<DynamicObject> = match &self.namespace {
+            Some(namespace) => Api::namespaced_with(client, namespace, &self.resource),
+            None => Api::all_with(client, &self.resource),
+        };
+        let mut stream = watcher::watcher(api, config).backoff(reconnect_backoff()).boxed();
+        let mut relist: Vec<Json> = Vec::new();
+        let mut first_sync = true;
+        while let Some(event) = stream.next().await {
+            let change = match event {
+                Ok(Event::Init) => {
+                    relist.clear();
+                    None
+                }
+                Ok(Event::InitApply(object)) => {
+                    relist.push(self.normalize(object));
+                    None
+                }
+                Ok(Event::InitDone) => {
+                    let objects = std::mem::take(&mut relist);
+                    let count = objects.len();
+                    let changed = self.store.update(|store| store.replace_scope(self.namespace.as_deref(), objects));
+                    if first_sync {
+                        first_sync = false;
+                        self.synced.fetch_add(1, Ordering::AcqRel);
+                        self.synced_notify.notify_waiters();
+                        info!(alias = %self.alias, namespace = ?self.namespace, objects = count, "watch synced");
+                    }
+                    match changed {
+                        Ok(true) => Some(Change::Relisted { alias: self.alias.clone() }),
+                        Ok(false) => None,
+                        Err(error) => {
+                            warn!(alias = %self.alias, %error, "re-list had an unusable object");
+                            None
+                        }
+                    }
+                }
+                Ok(Event::Apply(object)) => {
+                    let object = self.normalize(object);
+                    let reference = self.reference(&object);
+                    match self.store.update(|store| store.apply(object)) {
+                        Ok(true) => reference.map(Change::Applied),
+                        Ok(false) => None,
+                        Err(error) => {
+                            warn!(alias = %self.alias, %error, "ignored an object");
+                            None
+                        }
+                    }
+                }
+                Ok(Event::Delete(object)) => {
+                    let object = self.normalize(object);
+                    let reference = self.reference(&object);
+                    let key = object_key(&object);
+                    let deleted = key.is_some_and(|key: ObjectKey| self.store.update(|store| store.delete(&key)));
+                    if deleted { reference.map(Change::Deleted) } else { None }
+                }
+                Err(error) => {
+                    // The backoff retries; the watch resumes or re-lists by itself.
+                    warn!(alias = %self.alias, namespace = ?self.namespace, %error, "watch interrupted, retrying");
+                    None
+                }
+            };
+            if let Some(change) = change {
+                debug!(alias = %self.alias, %change, "watched change");
+                // Before the first sync nobody renders yet; the sync itself is reported.
+                if !first_sync && self.changes.send(change).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The object as JSON with `apiVersion` and `kind` always set: list items lack them while
+    /// watch events carry them, and the difference must not count as a change.
+    fn normalize(&self, object: DynamicObject) -> Json {
+        let mut json = serde_json::to_value(&object).unwrap_or(Json::Null);
+        if let Some(map) = json.as_object_mut() {
+            map.insert("apiVersion".into(), Json::from(self.resource.api_version.clone()));
+            map.insert("kind".into(), Json::from(self.resource.kind.clone()));
+        }
+        json
+    }
+
+    fn reference(&self, object: &Json) -> Option<ObjectRef> {
+        object_key(object).map(|key| ObjectRef { kind: self.resource.kind.clone(), key })
+    }
+}

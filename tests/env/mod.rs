@@ -7,6 +7,8 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
+pub mod controller;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

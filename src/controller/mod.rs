@@ -1,0 +1,233 @@
+//! Controller: the async shell that wires the pipeline together for one `HAProxyTemplateConfig`.
+//!
+//! It follows the configuration resource (a new valid version takes effect at once, an invalid
+//! one is reported in its status while the previous one keeps working), keeps the watches of the
+//! active version running, and renders when watched changes, coalesced by the debouncer, call
+//! for it. Deploying the render to pods joins in the fleet issue (#4).
+
+mod output;
+mod status;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::config::validate::problems;
+use crate::config::{HAProxyTemplateConfig, HAProxyTemplateConfigSpec};
+use crate::render::Renderer;
+use crate::watch::debounce::{self, DebounceSettings};
+use crate::watch::{Change, Watches};
+
+pub use output::{RenderRecord, RenderSink};
+pub use status::ValidCondition;
+
+/// Which configuration to follow, and where renders go.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Namespace of the `HAProxyTemplateConfig`.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Write every render here (files plus a line in `renders.log`), for inspection.
+    pub render_dir: Option<PathBuf>,
+    /// How many objects with refused values a render may leave out before failing.
+    pub max_left_out: usize,
+}
+
+/// Errors that stop the controller.
+#[derive(Debug, Error)]
+pub enum ControllerError {
+    /// The configuration watch ended, which only happens when the client is gone.
+    #[error("the watch of HAProxyTemplateConfig {namespace}/{name} ended")]
+    ConfigWatchEnded {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
+/// What triggered a render.
+#[derive(Clone, Debug)]
+pub enum Trigger {
+    /// A watched object changed.
+    Watch(Change),
+    /// A configuration version became active.
+    Config {
+        /// Its `metadata.generation`.
+        generation: i64,
+    },
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Watch(change) => change.fmt(f),
+            Self::Config { generation } => write!(f, "configuration generation {generation} activated"),
+        }
+    }
+}
+
+/// How long a new configuration's watches may take to list everything before it is refused.
+const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The configuration version in force: its templates and its watches.
+struct Active {
+    generation: i64,
+    spec: HAProxyTemplateConfigSpec,
+    renderer: Arc<Renderer>,
+    watches: Watches,
+}
+
+/// Follows one configuration and renders until the client goes away.
+pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(), ControllerError> {
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &options.namespace);
+    let selector = format!("metadata.name={}", options.name);
+    let mut config_watch = watcher::watcher(configs.clone(), watcher::Config::default().fields(&selector))
+        .backoff(crate::watch::reconnect_backoff())
+        .boxed();
+    let (watch_tx, mut watch_rx) = mpsc::channel::<Change>(1024);
+    let (render_tx, mut render_rx) = mpsc::channel::<Vec<Trigger>>(16);
+    let sink = RenderSink::new(options.render_dir.clone());
+    let mut status = status::StatusWriter::new(configs, options.name.clone());
+    let mut active: Option<Active> = None;
+    let mut coalescer: Option<Coalescer> = None;
+
+    loop {
+        tokio::select! {
+            event = config_watch.next() => {
+                let Some(event) = event else { break };
+                let config = match event {
+                    Ok(Event::Apply(config) | Event::InitApply(config)) => config,
+                    Ok(_) => continue,
+                    Err(error) => {
+                        warn!(%error, "configuration watch interrupted, retrying");
+                        continue;
+                    }
+                };
+                let generation = config.metadata.generation.unwrap_or_default();
+                if active.as_ref().is_some_and(|a| a.generation == generation && a.spec == config.spec) {
+                    continue;
+                }
+                match activate(&client, &config.spec, generation, watch_tx.clone()).await {
+                    Ok(next) => {
+                        info!(generation, "configuration activated");
+                        let settings = debounce_settings(&next.spec);
+                        if coalescer.as_ref().is_none_or(|c| c.settings != settings) {
+                            coalescer = Some(Coalescer::start(settings, render_tx.clone()));
+                        }
+                        // The old watches stop when `active` is replaced.
+                        active = Some(next);
+                        status.write(generation, ValidCondition::accepted(generation)).await;
+                        if let Some(coalescer) = &coalescer {
+                            coalescer.send(Trigger::Config { generation }).await;
+                        }
+                    }
+                    Err(condition) => {
+                        error!(generation, reason = %condition.reason, message = %condition.message,
+                               "configuration refused; the previous one stays in force");
+                        status.write(generation, condition).await;
+                    }
+                }
+            }
+            Some(change) = watch_rx.recv() => {
+                if let Some(coalescer) = &coalescer {
+                    coalescer.send(Trigger::Watch(change)).await;
+                }
+            }
+            Some(triggers) = render_rx.recv() => {
+                if let Some(active) = &active {
+                    render(active, triggers, &sink, options.max_left_out).await;
+                }
+            }
+        }
+    }
+    Err(ControllerError::ConfigWatchEnded { namespace: options.namespace, name: options.name })
+}
+
+/// The debouncer task and its input; replaced when the debounce settings change.
+struct Coalescer {
+    settings: DebounceSettings,
+    input: mpsc::Sender<Trigger>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Coalescer {
+    fn start(settings: DebounceSettings, renders: mpsc::Sender<Vec<Trigger>>) -> Self {
+        let (input, changes) = mpsc::channel(1024);
+        let task = tokio::spawn(debounce::run(settings, changes, renders));
+        Self { settings, input, task }
+    }
+
+    async fn send(&self, trigger: Trigger) {
+        let _ = self.input.send(trigger).await;
+    }
+}
+
+impl Drop for Coalescer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn debounce_settings(spec: &HAProxyTemplateConfigSpec) -> DebounceSettings {
+    let debounce = &spec.dataplane.debounce;
+    DebounceSettings { window: debounce.window.get(), max_delay: debounce.max_delay.get() }
+}
+
+/// Checks a configuration version and starts its watches; on failure, the condition to report.
+async fn activate(
+    client: &kube::Client,
+    spec: &HAProxyTemplateConfigSpec,
+    generation: i64,
+    changes: mpsc::Sender<Change>,
+) -> Result<Active, ValidCondition> {
+    let found = problems(spec);
+    if !found.is_empty() {
+        let message = found.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        return Err(ValidCondition::refused(generation, "InvalidSpec", message));
+    }
+    let renderer = Renderer::compile(spec)
+        .map_err(|error| ValidCondition::refused(generation, "TemplateError", error.to_string()))?;
+    let watches = Watches::start(client.clone(), spec, changes)
+        .await
+        .map_err(|error| ValidCondition::refused(generation, "UnknownResource", error.to_string()))?;
+    if tokio::time::timeout(SYNC_TIMEOUT, watches.wait_synced()).await.is_err() {
+        return Err(ValidCondition::refused(
+            generation,
+            "WatchNotSynced",
+            format!(
+                "the watched resources were not all listed within {}s (check RBAC and the API server)",
+                SYNC_TIMEOUT.as_secs()
+            ),
+        ));
+    }
+    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches })
+}
+
+/// Renders the active configuration from the current stores, off the async threads.
+async fn render(active: &Active, triggers: Vec<Trigger>, sink: &RenderSink, max_left_out: usize) {
+    let renderer = active.renderer.clone();
+    let stores = active.watches.snapshot();
+    let started = std::time::Instant::now();
+    let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &[], max_left_out)).await;
+    let elapsed = started.elapsed();
+    let triggers: Vec<String> = triggers.iter().map(ToString::to_string).collect();
+    match result {
+        Ok(Ok((files, left_out))) => {
+            for error in &left_out {
+                warn!(%error, "left an object out of the render");
+            }
+            sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
+        }
+        Ok(Err(error)) => error!(%error, "render failed; the last good files stay in force"),
+        Err(panic) => error!(%panic, "render task failed"),
+    }
+}

@@ -1,0 +1,125 @@
+//! Test support for running the real `haptic` binary against the environment's API server.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use haptic::config::HAProxyTemplateConfig;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+
+use super::Manifest;
+
+/// Creates a CRD (if absent) and waits until the API server serves it.
+pub async fn ensure_crd(client: &kube::Client, crd: CustomResourceDefinition) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().context("CRD name")?;
+    // Server-side apply, so a CRD left by an older build of the tests is brought up to date.
+    crds.patch(&name, &PatchParams::apply("haptic-tests").force(), &Patch::Apply(&crd))
+        .await
+        .with_context(|| format!("applying CRD {name}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = crds.get(&name).await?;
+        let established = current
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("CRD {name} not established within 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Installs haptic's own CRD.
+pub async fn ensure_haptic_crd(client: &kube::Client) -> Result<()> {
+    ensure_crd(client, HAProxyTemplateConfig::crd()).await
+}
+
+/// A running `haptic run`, stopped when dropped.
+pub struct ControllerProcess {
+    child: Child,
+    /// Where renders are written (`renders.log`, `haproxy.cfg`, ...).
+    pub render_dir: PathBuf,
+    /// The controller's log.
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ControllerProcess {
+    /// Starts the controller on the configuration `namespace/name`.
+    pub fn start(env: &Manifest, namespace: &str, name: &str) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let render_dir = dir.path().join("renders");
+        let log = dir.path().join("haptic.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args(["run", "--config-namespace", namespace, "--config-name", name, "--render-dir"])
+            .arg(&render_dir)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env("RUST_LOG", "info,haptic=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting haptic run")?;
+        Ok(Self { child, render_dir, log, _dir: dir })
+    }
+
+    /// Every render so far, as recorded in `renders.log`.
+    pub fn renders(&self) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(self.render_dir.join("renders.log")).unwrap_or_default();
+        text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+    }
+
+    /// A rendered file's current content.
+    pub fn file(&self, relative: &str) -> String {
+        std::fs::read_to_string(self.render_dir.join(relative)).unwrap_or_default()
+    }
+
+    /// Waits until `done` holds for the current `haproxy.cfg`; fails with the log's tail.
+    pub async fn wait_for_config(&self, what: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if done(&self.file("haproxy.cfg")) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!(
+            "{what}: not rendered within {timeout:?}\n--- haproxy.cfg ---\n{}\n--- log ---\n{}",
+            self.file("haproxy.cfg"),
+            self.log_tail()
+        )
+    }
+
+    /// The last lines of the controller's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The controller's whole log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The path of the log, for messages.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
