@@ -62,12 +62,19 @@ fn stores_for(config: &HAProxyTemplateConfig, objects: &[serde_json::Value]) -> 
 }
 
 fn render(c: &mut Criterion) {
+    // As issue #3 states it: one path per Ingress, to its Service.
+    render_fleets(c, "full_render", 1);
+    // Twice the routes: two paths per Ingress, one by port number and one by port name.
+    render_fleets(c, "full_render_two_paths", 2);
+}
+
+fn render_fleets(c: &mut Criterion, name: &str, paths: usize) {
     let config = example_config();
     let renderer = Renderer::compile(&config.spec).expect("example compiles");
-    let mut group = c.benchmark_group("full_render");
+    let mut group = c.benchmark_group(name);
     group.sample_size(10);
     for count in [100usize, 1_000, 10_000] {
-        let objects = synthetic::ingress_fleet(count);
+        let objects = synthetic::ingress_fleet_with_paths(count, paths);
         let before = LIVE_BYTES.load(Ordering::Relaxed);
         let stores = stores_for(&config, &objects);
         // The first render builds each object's template value once; it is part of the store.
@@ -76,7 +83,7 @@ fn render(c: &mut Criterion) {
             - before
             - files.entries().map(|(_, f)| f.content.len() as isize).sum::<isize>();
         println!(
-            "stores for {count} Ingresses (+ Services, EndpointSlices): {:.1} MiB held, {:.1} KiB per Ingress; haproxy.cfg {} KiB",
+            "{name}: stores for {count} Ingresses (+ Services, EndpointSlices): {:.1} MiB held, {:.1} KiB per Ingress; haproxy.cfg {} KiB",
             held as f64 / 1048576.0,
             held as f64 / 1024.0 / count as f64,
             files.haproxy_cfg.content.len() / 1024

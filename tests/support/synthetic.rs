@@ -1,10 +1,18 @@
 //! Synthetic cluster content for render tests and benchmarks: N Ingresses, each with its
 //! Service and an EndpointSlice of 3 ready endpoints, spread over a few namespaces.
+#![allow(dead_code)] // Tests and benchmarks each use part of it.
 
 use serde_json::{Value, json};
 
-/// The objects for `count` Ingresses: Ingress, Service and EndpointSlice per app.
+/// The objects for `count` Ingresses with one path each (`/` to the app's Service by port
+/// number): Ingress, Service and EndpointSlice per app.
 pub fn ingress_fleet(count: usize) -> Vec<Value> {
+    ingress_fleet_with_paths(count, 1)
+}
+
+/// As [`ingress_fleet`], with `paths` paths per Ingress (`/`, then `/api1`, `/api2`, ... by
+/// port name), all to the app's Service.
+pub fn ingress_fleet_with_paths(count: usize, paths: usize) -> Vec<Value> {
     let mut objects = Vec::with_capacity(count * 3);
     for i in 0..count {
         let namespace = format!("team-{}", i % 17);
@@ -15,12 +23,13 @@ pub fn ingress_fleet(count: usize) -> Vec<Value> {
                          "resourceVersion": "1", "managedFields": [{"manager": "kubectl"}]},
             "spec": {"ingressClassName": "haproxy", "rules": [{
                 "host": format!("{app}.example.com"),
-                "http": {"paths": [
-                    {"path": "/", "pathType": "Prefix",
-                     "backend": {"service": {"name": app, "port": {"number": 80}}}},
-                    {"path": "/api", "pathType": "Prefix",
-                     "backend": {"service": {"name": app, "port": {"name": "http"}}}}
-                ]}
+                "http": {"paths": (0..paths).map(|p| if p == 0 {
+                    json!({"path": "/", "pathType": "Prefix",
+                           "backend": {"service": {"name": app, "port": {"number": 80}}}})
+                } else {
+                    json!({"path": format!("/api{p}"), "pathType": "Prefix",
+                           "backend": {"service": {"name": app, "port": {"name": "http"}}}})
+                }).collect::<Vec<_>>()}
             }]}
         }));
         objects.push(json!({
