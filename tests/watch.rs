@@ -225,3 +225,29 @@ async fn an_invalid_configuration_is_reported_and_the_previous_one_keeps_working
         .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn templates_see_the_ready_haproxy_pods_and_follow_their_readiness() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    ensure_widget_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "pods-context").await?;
+    let template = "{% for p in pods %}pod {{ p.name }} {{ p.ip }}\n{% endfor %}";
+    create_config(&client, &namespace, template).await?;
+    let controller = ControllerProcess::start(env, &namespace, "test")?;
+    let long = Duration::from_secs(30);
+    let all: Vec<String> = env.pods.iter().map(|p| format!("pod {} {}\n", p.name, p.ip)).collect();
+    controller.wait_for_config("every registered pod", long, |cfg| cfg == all.concat()).await?;
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    let first = &env.pods[0];
+    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status(&first.name, &PatchParams::default(), &Patch::Strategic(not_ready)).await?;
+    controller
+        .wait_for_config("a pod that is no longer Ready", long, |cfg| {
+            !cfg.contains(&format!("pod {} ", first.name)) && cfg.lines().count() == env.pods.len() - 1
+        })
+        .await?;
+    Ok(())
+}

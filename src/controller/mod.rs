@@ -116,7 +116,7 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                 if active.as_ref().is_some_and(|a| a.generation == generation && a.spec == config.spec) {
                     continue;
                 }
-                match activate(&client, &config.spec, generation, watch_tx.clone()).await {
+                match activate(&client, &config.spec, &options.namespace, generation, watch_tx.clone()).await {
                     Ok(next) => {
                         info!(generation, "configuration activated");
                         let settings = debounce_settings(&next.spec);
@@ -186,6 +186,7 @@ fn debounce_settings(spec: &HAProxyTemplateConfigSpec) -> DebounceSettings {
 async fn activate(
     client: &kube::Client,
     spec: &HAProxyTemplateConfigSpec,
+    namespace: &str,
     generation: i64,
     changes: mpsc::Sender<Change>,
 ) -> Result<Active, ValidCondition> {
@@ -196,7 +197,7 @@ async fn activate(
     }
     let renderer = Renderer::compile(spec)
         .map_err(|error| ValidCondition::refused(generation, "TemplateError", error.to_string()))?;
-    let watches = Watches::start(client.clone(), spec, changes)
+    let watches = Watches::start(client.clone(), spec, namespace, changes)
         .await
         .map_err(|error| ValidCondition::refused(generation, "UnknownResource", error.to_string()))?;
     if tokio::time::timeout(SYNC_TIMEOUT, watches.wait_synced()).await.is_err() {
@@ -217,7 +218,8 @@ async fn render(active: &Active, triggers: Vec<Trigger>, sink: &RenderSink, max_
     let renderer = active.renderer.clone();
     let stores = active.watches.snapshot();
     let started = std::time::Instant::now();
-    let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &[], max_left_out)).await;
+    let pods = active.watches.pods();
+    let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &pods, max_left_out)).await;
     let elapsed = started.elapsed();
     let triggers: Vec<String> = triggers.iter().map(ToString::to_string).collect();
     match result {

@@ -24,7 +24,10 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use k8s_openapi::api::core::v1::Pod;
+
 use crate::config::{HAProxyTemplateConfigSpec, WatchedResource};
+use crate::render::PodInfo;
 use crate::store::{FieldPath, ObjectKey, ObjectRef, ResourceStore, Stores, object_key};
 
 /// One change that may call for a render.
@@ -39,6 +42,8 @@ pub enum Change {
         /// The alias re-listed.
         alias: String,
     },
+    /// The set of ready HAProxy pods (or one's address) changed.
+    Pods,
 }
 
 impl fmt::Display for Change {
@@ -47,6 +52,7 @@ impl fmt::Display for Change {
             Self::Applied(object) => write!(f, "{object} applied"),
             Self::Deleted(object) => write!(f, "{object} deleted"),
             Self::Relisted { alias } => write!(f, "{alias} re-listed with changes"),
+            Self::Pods => f.write_str("HAProxy pods changed"),
         }
     }
 }
@@ -100,6 +106,7 @@ impl SharedStore {
 /// The running watches of one configuration. Dropping it stops them.
 pub struct Watches {
     stores: BTreeMap<String, Arc<SharedStore>>,
+    pods: Arc<Mutex<Vec<PodInfo>>>,
     tasks: Vec<JoinHandle<()>>,
     streams: usize,
     synced: Arc<AtomicUsize>,
@@ -109,12 +116,15 @@ pub struct Watches {
 impl Watches {
     /// Finds every watched type through discovery and starts its watchers. Changes are sent to
     /// `changes` once each stream has listed its objects for the first time.
+    /// The HAProxy pods are those in `pod_namespace` matching `spec.podSelector`.
     pub async fn start(
         client: kube::Client,
         spec: &HAProxyTemplateConfigSpec,
+        pod_namespace: &str,
         changes: mpsc::Sender<Change>,
     ) -> Result<Self, WatchError> {
         let mut watches = Self {
+            pods: Arc::new(Mutex::new(Vec::new())),
             stores: BTreeMap::new(),
             tasks: Vec::new(),
             streams: 0,
@@ -150,7 +160,23 @@ impl Watches {
                 watches.streams += 1;
             }
         }
+        let pod_stream = PodStream {
+            namespace: pod_namespace.to_owned(),
+            pods: watches.pods.clone(),
+            changes,
+            synced: watches.synced.clone(),
+            synced_notify: watches.synced_notify.clone(),
+        };
+        let selector =
+            spec.pod_selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        watches.tasks.push(tokio::spawn(pod_stream.run(client, selector)));
+        watches.streams += 1;
         Ok(watches)
+    }
+
+    /// The ready HAProxy pods, in (namespace, name) order.
+    pub fn pods(&self) -> Vec<PodInfo> {
+        self.pods.lock().map(|pods| pods.clone()).unwrap_or_default()
     }
 
     /// Waits until every stream has listed its objects once.
@@ -224,6 +250,95 @@ async fn discover(client: &kube::Client, alias: &str, watched: &WatchedResource)
         source,
     })?;
     Ok(resource)
+}
+
+/// The HAProxy pods: Ready, with an IP, not being deleted. Only a change of that set (or of a
+/// pod's address) is announced, not every status update of a pod.
+struct PodStream {
+    namespace: String,
+    pods: Arc<Mutex<Vec<PodInfo>>>,
+    changes: mpsc::Sender<Change>,
+    synced: Arc<AtomicUsize>,
+    synced_notify: Arc<Notify>,
+}
+
+impl PodStream {
+    async fn run(self, client: kube::Client, selector: String) {
+        let api: Api<Pod> = Api::namespaced(client, &self.namespace);
+        let mut stream =
+            watcher::watcher(api, watcher::Config::default().labels(&selector)).backoff(reconnect_backoff()).boxed();
+        let mut known: BTreeMap<String, PodInfo> = BTreeMap::new();
+        let mut relist: BTreeMap<String, PodInfo> = BTreeMap::new();
+        let mut first_sync = true;
+        while let Some(event) = stream.next().await {
+            let before = known.clone();
+            match event {
+                Ok(Event::Init) => relist.clear(),
+                Ok(Event::InitApply(pod)) => {
+                    if let Some((uid, info)) = ready_pod(&pod) {
+                        relist.insert(uid, info);
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    known = std::mem::take(&mut relist);
+                    if first_sync {
+                        first_sync = false;
+                        self.publish(&known);
+                        self.synced.fetch_add(1, Ordering::AcqRel);
+                        self.synced_notify.notify_waiters();
+                        info!(namespace = %self.namespace, pods = known.len(), "HAProxy pods synced");
+                        continue;
+                    }
+                }
+                Ok(Event::Apply(pod)) => {
+                    let uid = pod.metadata.uid.clone().unwrap_or_default();
+                    match ready_pod(&pod) {
+                        Some((uid, info)) => known.insert(uid, info),
+                        None => known.remove(&uid),
+                    };
+                }
+                Ok(Event::Delete(pod)) => {
+                    known.remove(&pod.metadata.uid.clone().unwrap_or_default());
+                }
+                Err(error) => warn!(namespace = %self.namespace, %error, "pod watch interrupted, retrying"),
+            }
+            if !first_sync && known != before {
+                self.publish(&known);
+                if self.changes.send(Change::Pods).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn publish(&self, known: &BTreeMap<String, PodInfo>) {
+        let mut pods: Vec<PodInfo> = known.values().cloned().collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        if let Ok(mut shared) = self.pods.lock() {
+            *shared = pods;
+        }
+    }
+}
+
+/// The pod as templates see it, if it is an HAProxy pod that can take traffic.
+fn ready_pod(pod: &Pod) -> Option<(String, PodInfo)> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let ip = status.pod_ip.clone().filter(|ip| !ip.is_empty())?;
+    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+    if !ready {
+        return None;
+    }
+    let uid = pod.metadata.uid.clone()?;
+    let info = PodInfo {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: uid.clone(),
+        ip,
+    };
+    Some((uid, info))
 }
 
 /// One watch stream: an alias, in one namespace or all.
