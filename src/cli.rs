@@ -35,6 +35,8 @@ pub enum Command {
     Render(RenderArgs),
     /// Run the controller: follow one HAProxyTemplateConfig, watch what it names, render.
     Run(RunArgs),
+    /// Print the per-pod state machine as a Mermaid state diagram (from the transition table).
+    StateDiagram,
 }
 
 /// Arguments of `haptic run`.

@@ -26,6 +26,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             runtime.block_on(haptic::cli::probe(args))
         }
         Command::Crd => haptic::cli::crd(),
+        Command::StateDiagram => {
+            print!("{}", haptic::fleet::machine::mermaid());
+            Ok(())
+        }
         Command::Render(args) => haptic::cli::render(args),
         Command::Run(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
