@@ -20,6 +20,11 @@ impl Checksum {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// A checksum from its raw digest (as stored).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
 }
 
 impl fmt::Display for Checksum {

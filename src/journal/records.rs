@@ -1,0 +1,82 @@
+//! Persisted record types, one per schema version, kept apart from the in-memory types and
+//! converted by hand: a stored record's shape is a compatibility promise, the in-memory
+//! types are free to change.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fleet::machine::State;
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: u16 = 1;
+
+/// A pod's current record, schema 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodRecordV1 {
+    pub(crate) uid: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) state: u8,
+    pub(crate) pushed: Option<Vec<(String, [u8; 32])>>,
+    pub(crate) config_version: Option<u64>,
+    pub(crate) last_at_ms: u64,
+    pub(crate) last_from: u8,
+    pub(crate) last_to: u8,
+    pub(crate) last_reason: String,
+    pub(crate) last_error: Option<String>,
+    pub(crate) seq: u64,
+}
+
+/// One entry of a pod's transition log, schema 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TransitionRecordV1 {
+    pub(crate) seq: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) from: u8,
+    pub(crate) to: u8,
+    pub(crate) reason: String,
+    pub(crate) error: Option<String>,
+}
+
+/// The journal's metadata, schema 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MetaV1 {
+    pub(crate) schema: u16,
+}
+
+/// Stable codes for states on disk; never reuse or renumber one.
+pub fn state_code(state: State) -> u8 {
+    match state {
+        State::Unknown => 0,
+        State::Validating => 1,
+        State::Syncing => 2,
+        State::RuntimePatching => 3,
+        State::InSync => 4,
+        State::Drifted => 5,
+    }
+}
+
+/// The state a code stands for.
+pub fn state_from_code(code: u8) -> Option<State> {
+    Some(match code {
+        0 => State::Unknown,
+        1 => State::Validating,
+        2 => State::Syncing,
+        3 => State::RuntimePatching,
+        4 => State::InSync,
+        5 => State::Drifted,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_has_a_code_that_round_trips() {
+        for state in State::ALL {
+            assert_eq!(state_from_code(state_code(state)), Some(state));
+        }
+        assert_eq!(state_from_code(99), None);
+    }
+}
