@@ -379,7 +379,6 @@ fn from_millis(ms: u64) -> SystemTime {
 }
 
 fn pod_record(pod: &JournaledPod) -> PodRecordV1 {
-    let last = &pod.last_transition;
     PodRecordV1 {
         uid: pod.uid.0.clone(),
         namespace: pod.namespace.clone(),
@@ -387,12 +386,7 @@ fn pod_record(pod: &JournaledPod) -> PodRecordV1 {
         state: state_code(pod.state),
         pushed: pod.pushed.as_ref().map(|files| files.iter().map(|(n, c)| (n.clone(), *c.as_bytes())).collect()),
         config_version: pod.config_version.map(|v| v.0),
-        last_at_ms: millis(last.at),
-        last_from: state_code(last.from),
-        last_to: state_code(last.to),
-        last_reason: last.reason.clone(),
-        last_error: last.error.clone(),
-        seq: last.seq,
+        last: transition_record(&pod.last_transition),
     }
 }
 
@@ -426,21 +420,17 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
         state: state(record.state, kind, version)?,
         pushed: record.pushed.map(|files| files.into_iter().map(|(n, c)| (n, Checksum::from_bytes(c))).collect()),
         config_version: record.config_version.map(ConfigVersion),
-        last_transition: TransitionEntry {
-            seq: record.seq,
-            at: from_millis(record.last_at_ms),
-            from: state(record.last_from, kind, version)?,
-            to: state(record.last_to, kind, version)?,
-            reason: record.last_reason,
-            error: record.last_error,
-        },
+        last_transition: transition_entry(record.last, kind, version)?,
     })
 }
 
 fn decode_transition(bytes: &[u8]) -> Result<TransitionEntry, CodecError> {
     let (version, payload) = codec::open(RecordKind::Transition, bytes)?;
     let record: TransitionRecordV1 = codec::decode_payload(RecordKind::Transition, version, payload)?;
-    let kind = RecordKind::Transition;
+    transition_entry(record, RecordKind::Transition, version)
+}
+
+fn transition_entry(record: TransitionRecordV1, kind: RecordKind, version: u16) -> Result<TransitionEntry, CodecError> {
     Ok(TransitionEntry {
         seq: record.seq,
         at: from_millis(record.at_ms),

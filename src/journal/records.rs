@@ -18,12 +18,7 @@ pub(crate) struct PodRecordV1 {
     pub(crate) state: u8,
     pub(crate) pushed: Option<Vec<(String, [u8; 32])>>,
     pub(crate) config_version: Option<u64>,
-    pub(crate) last_at_ms: u64,
-    pub(crate) last_from: u8,
-    pub(crate) last_to: u8,
-    pub(crate) last_reason: String,
-    pub(crate) last_error: Option<String>,
-    pub(crate) seq: u64,
+    pub(crate) last: TransitionRecordV1,
 }
 
 /// One entry of a pod's transition log, schema 1.
