@@ -1,8 +1,11 @@
 //! Fleet: one explicit state machine per HAProxy pod (Unknown, Validating, Syncing,
 //! RuntimePatching, InSync, Drifted), keyed by pod UID.
 //!
-//! The transition table is data in the pure [`machine`] module; the async driver that executes
-//! its actions through the Dataplane client, journaling each transition before acting on it,
-//! joins with deployment (issue #4, blocked on the Dataplane API here).
+//! The transition table is data in the pure [`machine`] module; [`driver`] runs one machine
+//! per pod, journaling each transition before performing its actions through [`PodActions`]
+//! (the Dataplane adapter joins with deployment, issue #4, blocked on the Dataplane API here).
 
+pub mod driver;
 pub mod machine;
+
+pub use driver::{Desired, DriverSettings, PodActions, PodDriver, PodTarget, Validation};

@@ -1,0 +1,472 @@
+//! The driver of one pod's state machine: it feeds the machine events (action results, new
+//! renders, retry and drift timers), journals every transition durably, and only then performs
+//! the actions the transition calls for. Start-up is the same loop seeded from the journal:
+//! the machine starts Unknown with what the journal says was pushed, so its first action is a
+//! verification, and a pod that already runs the desired files is left untouched.
+//!
+//! What an action does to a pod is behind [`PodActions`] (the Dataplane adapter in
+//! production, scripted fakes in these tests).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::machine::{Action, Event, FileChecksums, PodMachine, State};
+use crate::files::FileSet;
+use crate::journal::{Journal, JournaledPod, PodUid, TransitionEntry};
+
+/// The pod a driver works on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodTarget {
+    /// Identity.
+    pub uid: PodUid,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Where its Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
+    pub endpoint: String,
+}
+
+/// What the controller wants every pod to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// The files.
+    pub files: Arc<FileSet>,
+    /// Their checksums, as the machine compares them.
+    pub checksums: FileChecksums,
+}
+
+impl Desired {
+    /// Wraps a render.
+    pub fn new(files: FileSet) -> Self {
+        let checksums = files.entries().map(|(name, file)| (name, file.checksum)).collect();
+        Self { files: Arc::new(files), checksums }
+    }
+}
+
+/// The answer of a validation on the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Validation {
+    /// HAProxy accepted the configuration.
+    Passed,
+    /// HAProxy refused it, with its message.
+    Rejected(String),
+}
+
+/// What actions do to a pod. Errors are transport-level failures (retried with backoff).
+pub trait PodActions: Send + Sync + 'static {
+    /// Reads what the pod runs: the checksums of its files, or `None` when they cannot be
+    /// matched to a known push.
+    fn verify(&self, pod: &PodTarget) -> impl Future<Output = Result<Option<FileChecksums>, String>> + Send;
+    /// Uploads changed auxiliary files and validates the configuration on the pod.
+    fn validate(&self, pod: &PodTarget, desired: &Desired) -> impl Future<Output = Result<Validation, String>> + Send;
+    /// Pushes the configuration and confirms the reload; returns what the pod now runs.
+    fn push(&self, pod: &PodTarget, desired: &Desired) -> impl Future<Output = Result<FileChecksums, String>> + Send;
+    /// Applies a runtime-only change and reads it back: `Ok(None)` when it did not read back.
+    fn runtime_patch(
+        &self,
+        pod: &PodTarget,
+        desired: &Desired,
+    ) -> impl Future<Output = Result<Option<FileChecksums>, String>> + Send;
+    /// Puts back the auxiliary files uploaded for a rejected configuration.
+    fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Driver settings.
+#[derive(Clone, Debug)]
+pub struct DriverSettings {
+    /// How often an InSync pod is checked for drift.
+    pub drift_interval: Duration,
+}
+
+/// Drives one pod until `stop` turns true.
+pub struct PodDriver<A: PodActions> {
+    target: PodTarget,
+    machine: PodMachine,
+    seq: u64,
+    journal: Arc<Journal>,
+    actions: Arc<A>,
+    deploy_slots: Arc<Semaphore>,
+    settings: DriverSettings,
+    desired: Arc<Desired>,
+}
+
+impl<A: PodActions> PodDriver<A> {
+    /// A driver for `target`, seeded from its journal record if it has one.
+    pub fn new(
+        target: PodTarget,
+        journal: Arc<Journal>,
+        actions: Arc<A>,
+        deploy_slots: Arc<Semaphore>,
+        settings: DriverSettings,
+        desired: Arc<Desired>,
+    ) -> Self {
+        let record = journal.pod(&target.uid).unwrap_or_else(|error| {
+            warn!(pod = %target.name, uid = %target.uid, %error, "journal record unreadable; verifying from scratch");
+            None
+        });
+        let (pushed, seq) = record.map(|r| (r.pushed, r.last_transition.seq)).unwrap_or((None, 0));
+        let machine = PodMachine::new(desired.checksums.clone(), pushed);
+        Self { target, machine, seq, journal, actions, deploy_slots, settings, desired }
+    }
+
+    /// The machine, for inspection.
+    pub fn machine(&self) -> &PodMachine {
+        &self.machine
+    }
+
+    /// Runs until `stop` turns true or its sender is dropped.
+    pub async fn run(mut self, mut desired: watch::Receiver<Arc<Desired>>, mut stop: watch::Receiver<bool>) {
+        let mut pending: VecDeque<Action> = VecDeque::from([Action::Verify]);
+        let mut retry_at: Option<Instant> = None;
+        let mut drift_at = Instant::now() + self.settings.drift_interval;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            // One action at a time; its result is the next event.
+            if let Some(action) = pending.pop_front() {
+                if let Some(event) = self.perform(action).await {
+                    self.apply(&event, &mut pending, &mut retry_at).await;
+                }
+                continue;
+            }
+            let event = tokio::select! {
+                changed = desired.changed() => {
+                    if changed.is_err() { return; }
+                    self.desired = desired.borrow_and_update().clone();
+                    Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only: false }
+                }
+                _ = sleep_until(retry_at), if retry_at.is_some() => {
+                    retry_at = None;
+                    Event::RetryDue
+                }
+                _ = tokio::time::sleep_until(drift_at) => {
+                    drift_at = Instant::now() + self.settings.drift_interval;
+                    Event::DriftTick
+                }
+                _ = stop.changed() => return,
+            };
+            self.apply(&event, &mut pending, &mut retry_at).await;
+        }
+    }
+
+    async fn perform(&self, action: Action) -> Option<Event> {
+        let pod = &self.target;
+        let desired = &self.desired;
+        // Deployments of different pods run in parallel up to maxParallel; a verification is cheap.
+        let _slot = match action {
+            Action::Validate | Action::Push | Action::RuntimePatch => self.deploy_slots.acquire().await.ok(),
+            _ => None,
+        };
+        let failed = |error: String| Event::ActionFailed { error };
+        Some(match action {
+            Action::Verify => match self.actions.verify(pod).await {
+                Ok(observed) => Event::Verified { observed },
+                Err(error) => failed(error),
+            },
+            Action::Validate => match self.actions.validate(pod, desired).await {
+                Ok(Validation::Passed) => Event::ValidationPassed,
+                Ok(Validation::Rejected(error)) => Event::ValidationRejected { error },
+                Err(error) => failed(error),
+            },
+            Action::Push => match self.actions.push(pod, desired).await {
+                Ok(pushed) => Event::Pushed { pushed },
+                Err(error) => failed(error),
+            },
+            Action::RuntimePatch => match self.actions.runtime_patch(pod, desired).await {
+                Ok(Some(pushed)) => Event::RuntimePatched { pushed },
+                Ok(None) => Event::RuntimePatchMismatch,
+                Err(error) => failed(error),
+            },
+            Action::RestoreFiles => {
+                if let Err(error) = self.actions.restore_files(pod).await {
+                    warn!(pod = %pod.name, %error, "could not put back the files of a rejected configuration");
+                }
+                return None;
+            }
+            Action::ScheduleRetry => return None,
+        })
+    }
+
+    /// Steps the machine, journals the transition, and queues its actions, in that order.
+    async fn apply(&mut self, event: &Event, pending: &mut VecDeque<Action>, retry_at: &mut Option<Instant>) {
+        let step = self.machine.step(event);
+        if step.row.is_none() {
+            return;
+        }
+        self.seq += 1;
+        let record = JournaledPod {
+            uid: self.target.uid.clone(),
+            namespace: self.target.namespace.clone(),
+            name: self.target.name.clone(),
+            state: step.to,
+            pushed: self.machine.pushed.clone(),
+            config_version: None,
+            last_transition: TransitionEntry {
+                seq: self.seq,
+                at: SystemTime::now(),
+                from: step.from,
+                to: step.to,
+                reason: format!("{:?}", event.kind()),
+                error: self.machine.last_error.clone(),
+            },
+        };
+        if let Err(error) = self.journal.commit(&record) {
+            // Never act on a transition that is not on disk: retry the step later.
+            error!(pod = %self.target.name, %error, "journal commit failed; the action waits for a retry");
+            pending.clear();
+            *retry_at = Some(Instant::now() + self.machine.retry_delay().max(Duration::from_secs(1)));
+            return;
+        }
+        if step.from != step.to {
+            info!(pod = %self.target.name, uid = %self.target.uid, from = %step.from, to = %step.to,
+                  reason = %record.last_transition.reason, error = ?self.machine.last_error, "pod transition");
+        }
+        for action in step.actions {
+            match action {
+                Action::ScheduleRetry => *retry_at = Some(Instant::now() + self.machine.retry_delay()),
+                other => pending.push_back(other),
+            }
+        }
+        if step.to == State::InSync {
+            *retry_at = None;
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use super::*;
+    use crate::files::RenderedFile;
+
+    /// A scripted pod: runs whatever was last pushed, records every call and the journal's
+    /// state for the pod at the moment of each push.
+    struct FakePod {
+        journal: Arc<Journal>,
+        runs: Mutex<Option<FileChecksums>>,
+        calls: Mutex<Vec<String>>,
+        failing_pushes: AtomicU32,
+        reject: AtomicBool,
+        state_at_push: Mutex<Vec<State>>,
+    }
+
+    impl FakePod {
+        fn new(journal: Arc<Journal>, runs: Option<FileChecksums>) -> Arc<Self> {
+            Arc::new(Self {
+                journal,
+                runs: Mutex::new(runs),
+                calls: Mutex::new(Vec::new()),
+                failing_pushes: AtomicU32::new(0),
+                reject: AtomicBool::new(false),
+                state_at_push: Mutex::new(Vec::new()),
+            })
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+
+        fn call(&self, name: &str) {
+            self.calls.lock().unwrap().push(name.into());
+        }
+    }
+
+    impl PodActions for FakePod {
+        async fn verify(&self, _: &PodTarget) -> Result<Option<FileChecksums>, String> {
+            self.call("verify");
+            Ok(self.runs.lock().unwrap().clone())
+        }
+        async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, String> {
+            self.call("validate");
+            Ok(if self.reject.load(Ordering::SeqCst) {
+                Validation::Rejected("[ALERT] line 3".into())
+            } else {
+                Validation::Passed
+            })
+        }
+        async fn push(&self, pod: &PodTarget, desired: &Desired) -> Result<FileChecksums, String> {
+            self.call("push");
+            let journaled = self.journal.pod(&pod.uid).unwrap().map(|p| p.state);
+            self.state_at_push.lock().unwrap().extend(journaled);
+            if self.failing_pushes.load(Ordering::SeqCst) > 0 {
+                self.failing_pushes.fetch_sub(1, Ordering::SeqCst);
+                return Err("connection refused".into());
+            }
+            *self.runs.lock().unwrap() = Some(desired.checksums.clone());
+            Ok(desired.checksums.clone())
+        }
+        async fn runtime_patch(&self, _: &PodTarget, _: &Desired) -> Result<Option<FileChecksums>, String> {
+            self.call("runtime_patch");
+            Ok(None)
+        }
+        async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
+            self.call("restore");
+            Ok(())
+        }
+    }
+
+    fn desired(tag: &str) -> Arc<Desired> {
+        Arc::new(Desired::new(FileSet {
+            haproxy_cfg: RenderedFile::new(format!("global # {tag}\n")),
+            maps: BTreeMap::new(),
+            files: BTreeMap::new(),
+        }))
+    }
+
+    fn target() -> PodTarget {
+        PodTarget {
+            uid: PodUid("uid-1".into()),
+            namespace: "haptic".into(),
+            name: "haproxy-0".into(),
+            endpoint: "http://127.0.0.2:5555/v3".into(),
+        }
+    }
+
+    struct Harness {
+        journal: Arc<Journal>,
+        fake: Arc<FakePod>,
+        desired_tx: watch::Sender<Arc<Desired>>,
+        stop_tx: watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn start(seed: impl FnOnce(&Journal), runs: Option<FileChecksums>, first: Arc<Desired>) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&dir.path().join("journal"), 100).unwrap();
+        seed(&journal);
+        let journal = Arc::new(journal);
+        let fake = FakePod::new(journal.clone(), runs);
+        let settings = DriverSettings { drift_interval: Duration::from_secs(60) };
+        let driver = PodDriver::new(
+            target(),
+            journal.clone(),
+            fake.clone(),
+            Arc::new(Semaphore::new(2)),
+            settings,
+            first.clone(),
+        );
+        let (desired_tx, desired_rx) = watch::channel(first);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(driver.run(desired_rx, stop_rx));
+        Harness { journal, fake, desired_tx, stop_tx, task, _dir: dir }
+    }
+
+    impl Harness {
+        async fn until(&self, what: &str, done: impl Fn(&JournaledPod) -> bool) {
+            for _ in 0..10_000 {
+                if let Some(pod) = self.journal.pod(&target().uid).unwrap()
+                    && done(&pod)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{what}: never happened; calls {:?}", self.fake.calls());
+        }
+
+        async fn stop(self) {
+            self.stop_tx.send(true).unwrap();
+            self.task.await.unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_pod_is_verified_validated_pushed_and_journaled_before_each_push() {
+        let h = start(|_| {}, None, desired("a"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        assert_eq!(h.fake.calls(), ["verify", "validate", "push"]);
+        assert_eq!(*h.fake.state_at_push.lock().unwrap(), [State::Syncing], "the push acted on a journaled transition");
+        assert_eq!(h.journal.pod(&target().uid).unwrap().unwrap().pushed, Some(desired("a").checksums.clone()));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_pod_that_runs_the_desired_files_gets_no_write() {
+        let wanted = desired("a");
+        let seed_pushed = wanted.checksums.clone();
+        let h = start(
+            |journal| {
+                journal
+                    .commit(&JournaledPod {
+                        uid: target().uid,
+                        namespace: "haptic".into(),
+                        name: "haproxy-0".into(),
+                        state: State::InSync,
+                        pushed: Some(seed_pushed.clone()),
+                        config_version: None,
+                        last_transition: TransitionEntry {
+                            seq: 7,
+                            at: SystemTime::now(),
+                            from: State::Syncing,
+                            to: State::InSync,
+                            reason: "Pushed".into(),
+                            error: None,
+                        },
+                    })
+                    .unwrap()
+            },
+            Some(wanted.checksums.clone()),
+            wanted,
+        );
+        h.until("verified in sync", |p| p.last_transition.seq == 8 && p.state == State::InSync).await;
+        assert_eq!(h.fake.calls(), ["verify"], "only a read, no write");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_pushes_back_off_and_the_pod_catches_up() {
+        let h = start(|_| {}, None, desired("a"));
+        h.fake.failing_pushes.store(3, Ordering::SeqCst);
+        let started = Instant::now();
+        h.until("in sync after failures", |p| p.state == State::InSync).await;
+        assert_eq!(h.fake.calls().iter().filter(|c| *c == "push").count(), 4);
+        assert!(Instant::now() - started >= Duration::from_secs(1 + 2 + 4), "backoff 1 s, 2 s, 4 s");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drift_is_found_within_one_interval_and_undone() {
+        let h = start(|_| {}, None, desired("a"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        *h.fake.runs.lock().unwrap() = Some(desired("edited by hand").checksums.clone());
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        h.until("re-deployed", |p| p.state == State::InSync && p.last_transition.from == State::Syncing).await;
+        assert_eq!(h.fake.calls().iter().filter(|c| *c == "push").count(), 2);
+        assert_eq!(*h.fake.runs.lock().unwrap(), Some(desired("a").checksums.clone()));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejected_configuration_is_never_pushed_and_its_files_are_put_back() {
+        let h = start(|_| {}, None, desired("a"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        h.fake.reject.store(true, Ordering::SeqCst);
+        h.desired_tx.send(desired("broken")).unwrap();
+        h.until("rejected", |p| p.last_transition.error.is_some()).await;
+        let pod = h.journal.pod(&target().uid).unwrap().unwrap();
+        assert_eq!(pod.state, State::Validating);
+        assert_eq!(pod.last_transition.error.as_deref(), Some("[ALERT] line 3"), "HAProxy's message is journaled");
+        assert_eq!(pod.pushed, Some(desired("a").checksums.clone()), "the pod keeps its last good files");
+        assert_eq!(h.fake.calls(), ["verify", "validate", "push", "validate", "restore"]);
+        h.stop().await;
+    }
+}
