@@ -1,4 +1,304 @@
-//! Plan: compares what a pod last received (from the journal) with the desired file set
-//! and decides no-op, runtime patch or full sync, with the config diff behind that choice.
+//! Plan: what a pod needs to go from what it was last given to what is desired — nothing, a
+//! runtime patch (no reload), or a full sync — decided by comparing parsed configurations,
+//! not text.
 //!
-//! Pure functions over plain data, property-tested. Built in the fleet and runtime issues (#4, #5).
+//! Pure functions over plain data. A runtime patch is chosen only when every difference is a
+//! runtime-eligible attribute (address, port, weight, enabled/disabled) of a server that
+//! exists on both sides, and no auxiliary file changed; anything else, or anything this
+//! module cannot tell, is a full sync.
+
+pub mod config;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::files::Checksum;
+use config::{ParsedConfig, Server, parse};
+
+/// One change the HAProxy Runtime API can make without a reload.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RuntimeAction {
+    /// `SetServerAddr <backend> <server> <ip> <port>`.
+    SetAddress {
+        /// The backend.
+        backend: String,
+        /// The server.
+        server: String,
+        /// The new address.
+        address: String,
+        /// The new port.
+        port: String,
+    },
+    /// `SetServerWeight <backend> <server> <weight>`.
+    SetWeight {
+        /// The backend.
+        backend: String,
+        /// The server.
+        server: String,
+        /// The new weight.
+        weight: String,
+    },
+    /// `SetServerState <backend> <server> ready|maint`.
+    SetState {
+        /// The backend.
+        backend: String,
+        /// The server.
+        server: String,
+        /// Whether it takes traffic.
+        ready: bool,
+    },
+}
+
+impl fmt::Display for RuntimeAction {
+    /// The action in the Dataplane API's `X-Runtime-Actions` syntax.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SetAddress { backend, server, address, port } => {
+                write!(f, "SetServerAddr {backend} {server} {address} {port}")
+            }
+            Self::SetWeight { backend, server, weight } => write!(f, "SetServerWeight {backend} {server} {weight}"),
+            Self::SetState { backend, server, ready } => {
+                write!(f, "SetServerState {backend} {server} {}", if *ready { "ready" } else { "maint" })
+            }
+        }
+    }
+}
+
+/// What a pod needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Exactly what it has.
+    NoOp,
+    /// The new file written without a reload, and these runtime changes (none when only
+    /// comments or layout differ).
+    Runtime(Vec<RuntimeAction>),
+    /// A validated push with a reload.
+    Full,
+}
+
+/// The header value for a runtime push: actions separated by `;`.
+pub fn runtime_actions_header(actions: &[RuntimeAction]) -> String {
+    actions.iter().map(ToString::to_string).collect::<Vec<_>>().join(";")
+}
+
+/// Compares what was pushed with what is desired: the main configuration's text and the
+/// checksums of every auxiliary file (maps, general files) by name.
+pub fn plan(
+    pushed_config: &str,
+    pushed_files: &BTreeMap<String, Checksum>,
+    desired_config: &str,
+    desired_files: &BTreeMap<String, Checksum>,
+) -> Plan {
+    if pushed_files != desired_files {
+        return Plan::Full;
+    }
+    if pushed_config == desired_config {
+        return Plan::NoOp;
+    }
+    match runtime_difference(&parse(pushed_config), &parse(desired_config)) {
+        Some(actions) => Plan::Runtime(actions),
+        None => Plan::Full,
+    }
+}
+
+/// The runtime actions that turn `old` into `new`, or `None` when a reload is needed.
+pub fn runtime_difference(old: &ParsedConfig, new: &ParsedConfig) -> Option<Vec<RuntimeAction>> {
+    if old.preamble != new.preamble || old.sections.len() != new.sections.len() {
+        return None;
+    }
+    let mut actions = Vec::new();
+    for (before, after) in old.sections.iter().zip(&new.sections) {
+        if before.header != after.header || before.directives != after.directives {
+            return None;
+        }
+        if before.servers.len() != after.servers.len() {
+            return None;
+        }
+        // Only backends' and listen sections' servers are runtime-addressable; a `server` in
+        // `peers` or `ring` is something else entirely.
+        let runtime_addressable = matches!(before.header.first().map(String::as_str), Some("backend" | "listen"));
+        if !runtime_addressable {
+            if before.servers != after.servers {
+                return None;
+            }
+            continue;
+        }
+        let backend = before.header.get(1).cloned().unwrap_or_default();
+        for (was, is) in before.servers.iter().zip(&after.servers) {
+            actions.extend(server_difference(&backend, was, is)?);
+        }
+    }
+    Some(actions)
+}
+
+fn server_difference(backend: &str, was: &Server, is: &Server) -> Option<Vec<RuntimeAction>> {
+    // Only backends (and listen sections) have servers the Runtime API can address; a name or
+    // any other keyword changing needs a reload. So does adding or removing a port or weight
+    // (the runtime cannot express "no port" or "default weight").
+    if was.name != is.name || was.rest != is.rest || was.port.is_some() != is.port.is_some() {
+        return None;
+    }
+    if was.weight.is_some() != is.weight.is_some() {
+        return None;
+    }
+    let mut actions = Vec::new();
+    let (server, backend) = (is.name.clone(), backend.to_owned());
+    if was.address != is.address || was.port != is.port {
+        actions.push(RuntimeAction::SetAddress {
+            backend: backend.clone(),
+            server: server.clone(),
+            address: is.address.clone(),
+            port: is.port.clone().unwrap_or_default(),
+        });
+    }
+    if let Some(weight) = is.weight.as_ref().filter(|_| was.weight != is.weight) {
+        actions.push(RuntimeAction::SetWeight {
+            backend: backend.clone(),
+            server: server.clone(),
+            weight: weight.clone(),
+        });
+    }
+    if was.disabled != is.disabled {
+        actions.push(RuntimeAction::SetState { backend, server, ready: !is.disabled });
+    }
+    Some(actions)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const BASE: &str = "global\n    maxconn 1000\n\ndefaults\n    mode http\n    timeout client 30s\n\n\
+frontend http\n    bind :80\n    default_backend app\n\nbackend app\n    balance roundrobin\n\
+    server s1 10.0.0.1:8080 weight 10 check\n    server s2 10.0.0.2:8080 weight 10 check\n    \
+server s3 10.0.0.3:8080 weight 10 check disabled\n";
+
+    fn plan_text(old: &str, new: &str) -> Plan {
+        plan(old, &BTreeMap::new(), new, &BTreeMap::new())
+    }
+
+    #[test]
+    fn identical_text_is_a_no_op_and_comments_need_no_reload() {
+        assert_eq!(plan_text(BASE, BASE), Plan::NoOp);
+        assert_eq!(plan_text(BASE, &format!("# _version=9\n{BASE}    # trailing note\n")), Plan::Runtime(vec![]));
+    }
+
+    #[test]
+    fn address_weight_and_state_of_existing_servers_are_runtime_changes() {
+        let new = BASE
+            .replace("s1 10.0.0.1:8080 weight 10", "s1 10.0.0.9:9090 weight 10")
+            .replace("s2 10.0.0.2:8080 weight 10", "s2 10.0.0.2:8080 weight 50")
+            .replace("weight 10 check disabled", "weight 10 check");
+        let Plan::Runtime(actions) = plan_text(BASE, &new) else { panic!("expected a runtime plan") };
+        assert_eq!(
+            runtime_actions_header(&actions),
+            "SetServerAddr app s1 10.0.0.9 9090;SetServerWeight app s2 50;SetServerState app s3 ready"
+        );
+    }
+
+    #[test]
+    fn everything_else_is_a_full_sync() {
+        let cases = [
+            ("a timeout", BASE.replace("timeout client 30s", "timeout client 31s")),
+            ("a new server", BASE.replace("disabled\n", "disabled\n    server s4 10.0.0.4:8080\n")),
+            ("a removed server", BASE.replace("    server s2 10.0.0.2:8080 weight 10 check\n", "")),
+            ("a renamed server", BASE.replace("server s2 ", "server s9 ")),
+            (
+                "reordered servers",
+                BASE.replace("s1 10.0.0.1", "sX 10.0.0.1")
+                    .replace("s2 10.0.0.2", "s1 10.0.0.2")
+                    .replace("sX 10.0.0.1", "s2 10.0.0.1"),
+            ),
+            (
+                "a server option",
+                BASE.replace("10.0.0.1:8080 weight 10 check", "10.0.0.1:8080 weight 10 check inter 5s"),
+            ),
+            ("a weight dropped", BASE.replace("s1 10.0.0.1:8080 weight 10 check", "s1 10.0.0.1:8080 check")),
+            ("a new backend", format!("{BASE}\nbackend other\n    server o1 10.1.0.1:80\n")),
+            ("a global setting", BASE.replace("maxconn 1000", "maxconn 2000")),
+            ("a frontend rule", BASE.replace("bind :80", "bind :80\n    http-request deny")),
+            ("a port dropped", BASE.replace("s1 10.0.0.1:8080", "s1 10.0.0.1")),
+        ];
+        let with_peers = format!("{BASE}\npeers mesh\n    server p1 10.2.0.1:1024\n");
+        assert_eq!(
+            plan_text(&with_peers, &with_peers.replace("10.2.0.1:1024", "10.2.0.2:1024")),
+            Plan::Full,
+            "a peer's address"
+        );
+        let with_ring = format!("{BASE}\nring logs\n    server collector 10.3.0.1:514\n");
+        assert_eq!(plan_text(&with_ring, &with_ring.replace("10.3.0.1", "10.3.0.9")), Plan::Full, "a ring's server");
+        for (what, new) in cases {
+            assert_eq!(plan_text(BASE, &new), Plan::Full, "{what}");
+        }
+    }
+
+    #[test]
+    fn an_auxiliary_file_change_is_a_full_sync_even_with_the_same_config() {
+        let old = BTreeMap::from([("maps/host.map".to_owned(), Checksum::of(b"a"))]);
+        let new = BTreeMap::from([("maps/host.map".to_owned(), Checksum::of(b"b"))]);
+        assert_eq!(plan(BASE, &old, BASE, &new), Plan::Full);
+    }
+
+    fn server_line() -> impl Strategy<Value = (u8, u16, u8, bool)> {
+        (1u8..255, 1u16..65535, 1u8..=255, any::<bool>())
+    }
+
+    fn config_with(servers: &[(u8, u16, u8, bool)], extra: &str) -> String {
+        let mut text = String::from("global\n    maxconn 1000\n\nbackend app\n    balance roundrobin\n");
+        text.push_str(extra);
+        for (i, (ip, port, weight, disabled)) in servers.iter().enumerate() {
+            text.push_str(&format!(
+                "    server s{i} 10.0.0.{ip}:{port} weight {weight} check{}\n",
+                if *disabled { " disabled" } else { "" }
+            ));
+        }
+        text
+    }
+
+    proptest! {
+        /// Changing only addresses, ports, weights and states of the same servers is always a
+        /// runtime plan whose actions, applied, give exactly the new attributes.
+        #[test]
+        fn runtime_only_changes_are_runtime_plans(
+            before in proptest::collection::vec(server_line(), 1..8),
+            seed in proptest::collection::vec(server_line(), 8),
+        ) {
+            let after: Vec<_> = before.iter().zip(&seed).map(|(_, s)| *s).collect();
+            let plan = plan_text(&config_with(&before, ""), &config_with(&after, ""));
+            if before == after {
+                prop_assert_eq!(plan, Plan::NoOp);
+            } else {
+                let Plan::Runtime(actions) = plan else { return Err(TestCaseError::fail("expected runtime")) };
+                for (i, ((ip0, port0, w0, d0), (ip1, port1, w1, d1))) in before.iter().zip(&after).enumerate() {
+                    let name = format!("s{i}");
+                    let has = |a: &RuntimeAction| match a {
+                        RuntimeAction::SetAddress { server, .. } | RuntimeAction::SetWeight { server, .. }
+                        | RuntimeAction::SetState { server, .. } => *server == name,
+                    };
+                    let count = actions.iter().filter(|a| has(a)).count();
+                    let expected = usize::from((ip0, port0) != (ip1, port1)) + usize::from(w0 != w1) + usize::from(d0 != d1);
+                    prop_assert_eq!(count, expected);
+                }
+            }
+        }
+
+        /// Any change to anything else (a directive added anywhere, a server added or removed)
+        /// is never called runtime-eligible.
+        #[test]
+        fn structural_changes_are_never_runtime(
+            servers in proptest::collection::vec(server_line(), 1..6),
+            directive in "(timeout (client|server|connect) [1-9][0-9]?s|option (httplog|forwardfor)|http-request deny)",
+            drop_one in any::<bool>(),
+        ) {
+            let old = config_with(&servers, "");
+            let new = if drop_one && servers.len() > 1 {
+                config_with(&servers[1..], "")
+            } else {
+                config_with(&servers, &format!("    {directive}\n"))
+            };
+            prop_assert_eq!(plan_text(&old, &new), Plan::Full);
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! HAProxy configuration text as structure: sections, their directives as words, and server
+//! lines with the attributes the Runtime API can change picked out. Just enough of HAProxy's
+//! syntax to compare two configurations; HAProxy itself remains the judge of validity.
+
+/// Keywords that open a section.
+const SECTION_KEYWORDS: &[&str] = &[
+    "global",
+    "defaults",
+    "frontend",
+    "backend",
+    "listen",
+    "userlist",
+    "peers",
+    "resolvers",
+    "cache",
+    "program",
+    "http-errors",
+    "ring",
+    "log-forward",
+    "mailers",
+    "crt-store",
+    "traces",
+    "acme",
+];
+
+/// One section: its header words and its directives, servers apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Section {
+    /// `backend app` → `["backend", "app"]`.
+    pub header: Vec<String>,
+    /// Every directive but `server` lines, in order, as words.
+    pub directives: Vec<Vec<String>>,
+    /// The `server` lines, in order.
+    pub servers: Vec<Server>,
+}
+
+/// A `server` line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Server {
+    /// Its name.
+    pub name: String,
+    /// Its address, without the port.
+    pub address: String,
+    /// Its port, if given.
+    pub port: Option<String>,
+    /// `weight N`, if given.
+    pub weight: Option<String>,
+    /// Whether it starts disabled (`disabled`).
+    pub disabled: bool,
+    /// Every other word, in order: changing any of these needs a reload.
+    pub rest: Vec<String>,
+}
+
+/// A whole configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ParsedConfig {
+    /// Directives before any section (rare, but HAProxy allows comments and blank lines only).
+    pub preamble: Vec<Vec<String>>,
+    /// The sections, in order.
+    pub sections: Vec<Section>,
+}
+
+/// Splits one line into words the way HAProxy does for comparison purposes: whitespace
+/// separates words, quotes group, a backslash escapes, `#` outside quotes starts a comment.
+pub fn words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut current = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (None, '#') => break,
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut current));
+                    in_word = false;
+                }
+            }
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                in_word = true;
+                current.push(c);
+            }
+            (Some(q), c) if c == q => {
+                quote = None;
+                current.push(c);
+            }
+            (Some('\''), c) => current.push(c),
+            (_, '\\') => {
+                in_word = true;
+                current.push('\\');
+                if let Some(next) = chars.next() {
+                    current.push(next);
+                }
+            }
+            (_, c) => {
+                in_word = true;
+                current.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(current);
+    }
+    words
+}
+
+/// Parses a configuration into sections and directives.
+pub fn parse(text: &str) -> ParsedConfig {
+    let mut config = ParsedConfig::default();
+    for line in text.lines() {
+        let words = words(line);
+        let Some(first) = words.first() else { continue };
+        if SECTION_KEYWORDS.contains(&first.as_str()) {
+            config.sections.push(Section { header: words, directives: Vec::new(), servers: Vec::new() });
+            continue;
+        }
+        match config.sections.last_mut() {
+            Some(section) if first == "server" && words.len() >= 3 => section.servers.push(server(&words)),
+            Some(section) => section.directives.push(words),
+            None => config.preamble.push(words),
+        }
+    }
+    config
+}
+
+fn server(words: &[String]) -> Server {
+    let (address, port) = split_address(&words[2]);
+    let mut server = Server { name: words[1].clone(), address, port, weight: None, disabled: false, rest: Vec::new() };
+    let mut i = 3;
+    while i < words.len() {
+        match words[i].as_str() {
+            "weight" if i + 1 < words.len() => {
+                server.weight = Some(words[i + 1].clone());
+                i += 2;
+                continue;
+            }
+            "disabled" => server.disabled = true,
+            // `enabled` is the default; it changes nothing the runtime state would not.
+            "enabled" => {}
+            other => server.rest.push(other.to_owned()),
+        }
+        i += 1;
+    }
+    server
+}
+
+/// `10.0.0.1:80` → (`10.0.0.1`, `80`); `[fd00::1]:80` → (`fd00::1`, `80`); no port → `None`.
+fn split_address(text: &str) -> (String, Option<String>) {
+    if let Some(rest) = text.strip_prefix('[')
+        && let Some((host, after)) = rest.split_once(']')
+    {
+        return (host.to_owned(), after.strip_prefix(':').map(str::to_owned));
+    }
+    // More than one colon without brackets is a bare IPv6 address.
+    if text.matches(':').count() == 1
+        && let Some((host, port)) = text.split_once(':')
+    {
+        return (host.to_owned(), Some(port.to_owned()));
+    }
+    (text.to_owned(), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_follow_quotes_escapes_and_comments() {
+        assert_eq!(words("  bind :80   # public"), ["bind", ":80"]);
+        assert_eq!(words(r#"http-request return string "a # b""#), ["http-request", "return", "string", "\"a # b\""]);
+        assert_eq!(words(r"log-format %t\ %s"), ["log-format", r"%t\ %s"]);
+        assert_eq!(words("  # only a comment"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn sections_directives_and_servers_are_separated() {
+        let config = parse(
+            "# _version=3\nglobal\n    maxconn 100\n\nbackend app\n    balance roundrobin\n    \
+             server s1 10.0.0.1:8080 weight 10 check\n    server s2 [fd00::2]:80 disabled\n",
+        );
+        assert_eq!(config.sections.len(), 2);
+        let app = &config.sections[1];
+        assert_eq!(app.header, ["backend", "app"]);
+        assert_eq!(app.directives, [vec!["balance", "roundrobin"]]);
+        assert_eq!(
+            app.servers[0],
+            Server {
+                name: "s1".into(),
+                address: "10.0.0.1".into(),
+                port: Some("8080".into()),
+                weight: Some("10".into()),
+                disabled: false,
+                rest: vec!["check".into()],
+            }
+        );
+        assert_eq!((app.servers[1].address.as_str(), app.servers[1].port.as_deref()), ("fd00::2", Some("80")));
+        assert!(app.servers[1].disabled);
+    }
+}
