@@ -7,5 +7,6 @@
 
 pub mod driver;
 pub mod machine;
+pub mod supervisor;
 
 pub use driver::{Desired, DriverSettings, PodActions, PodDriver, PodTarget, Validation};
