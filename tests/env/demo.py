@@ -19,24 +19,14 @@ import urllib.request
 from base64 import b64encode
 from pathlib import Path
 
-DEMO_CONFIG = """\
-global
-    stats socket "${{POD_DIR}}/haproxy.sock" mode 600 level admin expose-fd listeners
-    default-path origin "${{POD_DIR}}"
+ROUTING_TEMPLATE = Path(__file__).resolve().parent / "templates" / "route-to-backend.cfg"
 
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
 
-frontend http
-    bind "${{POD_IP}}:${{HTTP_PORT}}"
-    default_backend demo
-
-backend demo
-    server {name} {ip}:{port}
-"""
+def routing_config(backend: dict) -> str:
+    text = ROUTING_TEMPLATE.read_text()
+    for key, value in (("BACKEND_NAME", backend["name"]), ("BACKEND_IP", backend["ip"]), ("BACKEND_PORT", str(backend["port"]))):
+        text = text.replace("{{" + key + "}}", value)
+    return text
 
 
 def call(url: str, auth: str, method: str = "GET", body: bytes | None = None) -> tuple[int, dict, bytes]:
@@ -99,7 +89,7 @@ def main() -> int:
     creds = env["dataplane"]
     auth = "Basic " + b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
 
-    config = DEMO_CONFIG.format(name=backend["name"], ip=backend["ip"], port=backend["port"])
+    config = routing_config(backend)
     if creds["available"]:
         if not push_through_dataplane(pod["dataplane_url"], auth, config, backend["name"]):
             return 1

@@ -228,31 +228,13 @@ pub async fn register_pod(client: &kube::Client, namespace: &str, pod: &EnvPod) 
     Ok(patched)
 }
 
-/// A configuration that sends every request to one backend; per-pod values come from the
-/// environment variables each pod's HAProxy has, so one text serves the whole fleet.
+/// A configuration that sends every request to one backend (`templates/route-to-backend.cfg`,
+/// which the demo uses too).
 pub fn config_routing_to(backend: &Backend) -> String {
-    format!(
-        r#"global
-    stats socket "${{POD_DIR}}/haproxy.sock" mode 600 level admin expose-fd listeners
-    default-path origin "${{POD_DIR}}"
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-
-frontend http
-    bind "${{POD_IP}}:${{HTTP_PORT}}"
-    default_backend app
-
-backend app
-    server {name} {ip}:{port}
-"#,
-        name = backend.name,
-        ip = backend.ip,
-        port = backend.port
-    )
+    include_str!("templates/route-to-backend.cfg")
+        .replace("{{BACKEND_NAME}}", &backend.name)
+        .replace("{{BACKEND_IP}}", &backend.ip)
+        .replace("{{BACKEND_PORT}}", &backend.port.to_string())
 }
 
 /// GETs `/hello` through HAProxy at `address` until `backend` answers (reloads take a moment).
