@@ -82,6 +82,31 @@ pub enum WatchError {
     },
 }
 
+/// How many streams have listed their objects once, shared by the streams and their owner.
+#[derive(Clone, Debug, Default)]
+struct SyncCount(Arc<(AtomicUsize, Notify)>);
+
+impl SyncCount {
+    fn add_one(&self) {
+        self.0.0.fetch_add(1, Ordering::AcqRel);
+        self.0.1.notify_waiters();
+    }
+
+    fn get(&self) -> usize {
+        self.0.0.load(Ordering::Acquire)
+    }
+
+    async fn wait_for(&self, streams: usize) {
+        loop {
+            let notified = self.0.1.notified();
+            if self.get() >= streams {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// A store shared between its watcher (which writes) and renders (which take snapshots).
 /// Writes copy the store only while a snapshot of it is still in use.
 #[derive(Debug)]
@@ -109,8 +134,7 @@ pub struct Watches {
     pods: Arc<Mutex<Vec<PodInfo>>>,
     tasks: Vec<JoinHandle<()>>,
     streams: usize,
-    synced: Arc<AtomicUsize>,
-    synced_notify: Arc<Notify>,
+    synced: SyncCount,
 }
 
 impl Watches {
@@ -128,8 +152,7 @@ impl Watches {
             stores: BTreeMap::new(),
             tasks: Vec::new(),
             streams: 0,
-            synced: Arc::new(AtomicUsize::new(0)),
-            synced_notify: Arc::new(Notify::new()),
+            synced: SyncCount::default(),
         };
         for (alias, watched) in &spec.watched_resources {
             let resource = discover(&client, alias, watched).await?;
@@ -153,7 +176,6 @@ impl Watches {
                     store: store.clone(),
                     changes: changes.clone(),
                     synced: watches.synced.clone(),
-                    synced_notify: watches.synced_notify.clone(),
                 };
                 let config = watcher_config(watched);
                 watches.tasks.push(tokio::spawn(stream.run(client.clone(), config)));
@@ -165,7 +187,6 @@ impl Watches {
             pods: watches.pods.clone(),
             changes,
             synced: watches.synced.clone(),
-            synced_notify: watches.synced_notify.clone(),
         };
         let selector =
             spec.pod_selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
@@ -181,18 +202,12 @@ impl Watches {
 
     /// Waits until every stream has listed its objects once.
     pub async fn wait_synced(&self) {
-        loop {
-            let notified = self.synced_notify.notified();
-            if self.is_synced() {
-                return;
-            }
-            notified.await;
-        }
+        self.synced.wait_for(self.streams).await;
     }
 
     /// Whether every stream has listed its objects once.
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire) >= self.streams
+        self.synced.get() >= self.streams
     }
 
     /// Every store as it is now.
@@ -258,8 +273,7 @@ struct PodStream {
     namespace: String,
     pods: Arc<Mutex<Vec<PodInfo>>>,
     changes: mpsc::Sender<Change>,
-    synced: Arc<AtomicUsize>,
-    synced_notify: Arc<Notify>,
+    synced: SyncCount,
 }
 
 impl PodStream {
@@ -284,8 +298,7 @@ impl PodStream {
                     if first_sync {
                         first_sync = false;
                         self.publish(&known);
-                        self.synced.fetch_add(1, Ordering::AcqRel);
-                        self.synced_notify.notify_waiters();
+                        self.synced.add_one();
                         info!(namespace = %self.namespace, pods = known.len(), "HAProxy pods synced");
                         continue;
                     }
@@ -348,8 +361,7 @@ struct AliasStream {
     resource: ApiResource,
     store: Arc<SharedStore>,
     changes: mpsc::Sender<Change>,
-    synced: Arc<AtomicUsize>,
-    synced_notify: Arc<Notify>,
+    synced: SyncCount,
 }
 
 impl AliasStream {
@@ -377,8 +389,7 @@ impl AliasStream {
                     let changed = self.store.update(|store| store.replace_scope(self.namespace.as_deref(), objects));
                     if first_sync {
                         first_sync = false;
-                        self.synced.fetch_add(1, Ordering::AcqRel);
-                        self.synced_notify.notify_waiters();
+                        self.synced.add_one();
                         info!(alias = %self.alias, namespace = ?self.namespace, objects = count, "watch synced");
                     }
                     match changed {
