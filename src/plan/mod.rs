@@ -8,6 +8,7 @@
 //! module cannot tell, is a full sync.
 
 pub mod config;
+pub mod slots;
 
 use std::collections::BTreeMap;
 use std::fmt;

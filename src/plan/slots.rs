@@ -1,0 +1,131 @@
+//! Server slots with stable names: how a backend's endpoints become a fixed set of servers so
+//! that scaling changes only addresses and states (runtime-patchable), not the server list
+//! (which needs a reload).
+//!
+//! A backend has a capacity, a multiple of the block size; slot `i` is server `srv<i+1>`. An
+//! endpoint keeps its slot for as long as it exists; new endpoints take the lowest free slots
+//! (in endpoint order, so every controller and every pod agrees); free slots are rendered as
+//! disabled servers. Capacity grows by whole blocks only when free slots run out, and never
+//! shrinks on its own: shrinking renames nothing but would need a reload for nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An endpoint's identity within a backend: its address and port.
+pub type EndpointKey = (String, u16);
+
+/// The slots of one backend.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct SlotTable {
+    /// Slot `i` holds the endpoint served as `srv<i+1>`, or nothing.
+    pub slots: Vec<Option<EndpointKey>>,
+}
+
+impl SlotTable {
+    /// The server name of slot `index`.
+    pub fn server_name(index: usize) -> String {
+        format!("srv{}", index + 1)
+    }
+
+    /// The slot of an endpoint.
+    pub fn slot_of(&self, endpoint: &EndpointKey) -> Option<usize> {
+        self.slots.iter().position(|slot| slot.as_ref() == Some(endpoint))
+    }
+}
+
+/// Assigns `endpoints` to slots, starting from `previous`. `block` is at least 1.
+pub fn assign(previous: &SlotTable, endpoints: &[EndpointKey], block: usize) -> SlotTable {
+    let block = block.max(1);
+    let wanted: BTreeSet<&EndpointKey> = endpoints.iter().collect();
+    // Keep every endpoint that is still there where it was; free the others' slots.
+    let mut slots: Vec<Option<EndpointKey>> =
+        previous.slots.iter().map(|slot| slot.clone().filter(|endpoint| wanted.contains(endpoint))).collect();
+    let placed: BTreeSet<EndpointKey> = slots.iter().flatten().cloned().collect();
+    let newcomers: Vec<&EndpointKey> = wanted.into_iter().filter(|endpoint| !placed.contains(*endpoint)).collect();
+    let free = slots.iter().filter(|slot| slot.is_none()).count();
+    if newcomers.len() > free {
+        let needed = slots.len() - free + newcomers.len();
+        let capacity = needed.div_ceil(block) * block;
+        slots.resize(capacity, None);
+    }
+    let mut newcomers = newcomers.into_iter();
+    for slot in slots.iter_mut().filter(|slot| slot.is_none()) {
+        match newcomers.next() {
+            Some(endpoint) => *slot = Some(endpoint.clone()),
+            None => break,
+        }
+    }
+    SlotTable { slots }
+}
+
+/// Slot tables of every backend, by backend name.
+pub type Slots = BTreeMap<String, SlotTable>;
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn endpoint(n: u8) -> EndpointKey {
+        (format!("10.0.0.{n}"), 8080)
+    }
+
+    #[test]
+    fn scaling_within_capacity_keeps_names_and_fills_the_lowest_free_slots() {
+        let first = assign(&SlotTable::default(), &[endpoint(1), endpoint(2), endpoint(3)], 4);
+        assert_eq!(first.slots.len(), 4);
+        assert_eq!(first.slot_of(&endpoint(2)), Some(1));
+        let scaled_down = assign(&first, &[endpoint(1), endpoint(3)], 4);
+        assert_eq!(scaled_down.slots, [Some(endpoint(1)), None, Some(endpoint(3)), None]);
+        let scaled_up = assign(&scaled_down, &[endpoint(1), endpoint(3), endpoint(7), endpoint(8)], 4);
+        assert_eq!(scaled_up.slots, [Some(endpoint(1)), Some(endpoint(7)), Some(endpoint(3)), Some(endpoint(8))]);
+    }
+
+    #[test]
+    fn capacity_grows_by_whole_blocks_only_when_slots_run_out() {
+        let full = assign(&SlotTable::default(), &(1..=4).map(endpoint).collect::<Vec<_>>(), 4);
+        assert_eq!(full.slots.len(), 4);
+        let grown = assign(&full, &(1..=5).map(endpoint).collect::<Vec<_>>(), 4);
+        assert_eq!(grown.slots.len(), 8);
+        assert_eq!(grown.slot_of(&endpoint(5)), Some(4));
+        let back = assign(&grown, &[endpoint(1)], 4);
+        assert_eq!(back.slots.len(), 8, "capacity never shrinks on its own");
+        assert_eq!(SlotTable::server_name(4), "srv5");
+    }
+
+    fn endpoints() -> impl Strategy<Value = Vec<EndpointKey>> {
+        proptest::collection::btree_set(1u8..40, 0..20).prop_map(|set| set.into_iter().map(endpoint).collect())
+    }
+
+    proptest! {
+        /// Over any sequence of scaling steps: every endpoint has exactly one slot, an endpoint
+        /// that stays keeps its slot, capacity is whole blocks and grows only when needed, and
+        /// the order endpoints are listed in does not matter.
+        #[test]
+        fn slots_are_stable_exclusive_and_grow_only_by_blocks(
+            steps in proptest::collection::vec(endpoints(), 1..12),
+            block in 1usize..6,
+        ) {
+            let mut table = SlotTable::default();
+            for step in steps {
+                let next = assign(&table, &step, block);
+                let mut reversed = step.clone();
+                reversed.reverse();
+                prop_assert_eq!(&assign(&table, &reversed, block), &next, "endpoint order matters");
+                prop_assert_eq!(next.slots.len() % block, 0);
+                prop_assert!(next.slots.len() >= step.len());
+                if step.len() <= table.slots.len() {
+                    prop_assert_eq!(next.slots.len(), table.slots.len(), "grew without need");
+                }
+                for endpoint in &step {
+                    prop_assert_eq!(next.slots.iter().filter(|s| s.as_ref() == Some(endpoint)).count(), 1);
+                    if let Some(before) = table.slot_of(endpoint) {
+                        prop_assert_eq!(next.slot_of(endpoint), Some(before), "a staying endpoint moved");
+                    }
+                }
+                prop_assert_eq!(next.slots.iter().flatten().count(), step.len(), "a gone endpoint kept a slot");
+                table = next;
+            }
+        }
+    }
+}
