@@ -108,6 +108,13 @@ pub enum JournalError {
     },
 }
 
+impl JournalError {
+    /// Whether sled found its files corrupt (as opposed to unreachable or locked).
+    fn is_corruption(&self) -> bool {
+        matches!(self, Self::Store { source: sled::Error::Corruption { .. }, .. })
+    }
+}
+
 /// What opening the journal found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpenReport {
@@ -142,6 +149,9 @@ impl Journal {
                 info!(dir = %dir.display(), pods, "journal opened");
                 Ok((journal, OpenReport { moved_aside: None, pods }))
             }
+            // Not being able to open the store at all (another process holds its lock, the disk
+            // is gone) is not a bad journal: moving it aside could throw away a live one.
+            Err(OpenFailure::Store(error)) if !error.is_corruption() => Err(error),
             Err(why) => {
                 let why = why.to_string();
                 let seconds = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
@@ -518,6 +528,20 @@ mod tests {
         assert_eq!(report.pods, 0);
         assert!(journal.pods().unwrap().is_empty());
         journal.commit(&pod("a", 1, State::InSync)).unwrap();
+    }
+
+    #[test]
+    fn a_journal_in_use_by_another_process_is_an_error_not_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let (first, _) = Journal::open(&path, 10).unwrap();
+        first.commit(&pod("a", 1, State::InSync)).unwrap();
+        let error = Journal::open(&path, 10).err().expect("the lock is held");
+        assert!(error.to_string().contains("could not acquire lock"), "{error}");
+        assert_eq!(first.pods().unwrap().len(), 1, "the live journal is untouched");
+        assert!(
+            !dir.path().read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains("unreadable"))
+        );
     }
 
     #[test]
