@@ -54,6 +54,15 @@ pub struct RunArgs {
     /// How many objects with values HAProxy cannot take a render may leave out before failing.
     #[arg(long, default_value_t = 100)]
     pub max_left_out: usize,
+    /// Where the journal of what each pod was given lives (a PVC in a cluster).
+    #[arg(long, env = "HAPTIC_JOURNAL_DIR", default_value = "/var/lib/haptic")]
+    pub journal_dir: PathBuf,
+    /// Render only: deploy to no pod and open no journal.
+    #[arg(long)]
+    pub render_only: bool,
+    /// Transitions kept per pod in the journal's log.
+    #[arg(long, default_value_t = 100)]
+    pub journal_retention: u64,
 }
 
 /// Arguments of `haptic render`.
@@ -144,6 +153,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         name: args.config_name,
         render_dir: args.render_dir,
         max_left_out: args.max_left_out,
+        journal_dir: (!args.render_only).then_some(args.journal_dir),
+        journal_retention: args.journal_retention,
     };
     tokio::select! {
         result = crate::controller::run(client, options) => Ok(result?),

@@ -5,6 +5,7 @@
 //! active version running, and renders when watched changes, coalesced by the debouncer, call
 //! for it. Deploying the render to pods joins in the fleet issue (#4).
 
+mod deploy;
 mod output;
 mod status;
 
@@ -39,11 +40,18 @@ pub struct ControllerOptions {
     pub render_dir: Option<PathBuf>,
     /// How many objects with refused values a render may leave out before failing.
     pub max_left_out: usize,
+    /// Where the journal lives; without it, nothing is deployed (render only).
+    pub journal_dir: Option<PathBuf>,
+    /// Transitions kept per pod in the journal's log.
+    pub journal_retention: u64,
 }
 
 /// Errors that stop the controller.
 #[derive(Debug, Error)]
 pub enum ControllerError {
+    /// The journal could not be opened, even fresh.
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
     /// The configuration watch ended, which only happens when the client is gone.
     #[error("the watch of HAProxyTemplateConfig {namespace}/{name} ended")]
     ConfigWatchEnded {
@@ -84,6 +92,8 @@ struct Active {
     spec: HAProxyTemplateConfigSpec,
     renderer: Arc<Renderer>,
     watches: Watches,
+    /// Dataplane credentials, when the configuration names them and they could be read.
+    credentials: Option<crate::dataplane::Credentials>,
 }
 
 /// Follows one configuration and renders until the client goes away.
@@ -99,6 +109,16 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
     let mut status = status::StatusWriter::new(configs, options.name.clone());
     let mut active: Option<Active> = None;
     let mut coalescer: Option<Coalescer> = None;
+    let mut deployer = match &options.journal_dir {
+        Some(dir) => {
+            let (journal, report) = crate::journal::Journal::open(dir, options.journal_retention)?;
+            if let Some((aside, why)) = &report.moved_aside {
+                warn!(moved_to = %aside.display(), %why, "the journal was unreadable; every pod will be verified");
+            }
+            Some(deploy::Deployer::new(journal))
+        }
+        None => None,
+    };
 
     loop {
         tokio::select! {
@@ -143,11 +163,20 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                 }
             }
             Some(triggers) = render_rx.recv() => {
-                if let Some(active) = &active {
-                    render(active, triggers, &sink, options.max_left_out).await;
+                if let Some(active) = &active
+                    && let Some(files) = render(active, triggers, &sink, options.max_left_out).await
+                    && let Some(deployer) = deployer.as_mut()
+                {
+                    match &active.credentials {
+                        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods()),
+                        None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
+                    }
                 }
             }
         }
+    }
+    if let Some(deployer) = deployer {
+        deployer.stop().await;
     }
     Err(ControllerError::ConfigWatchEnded { namespace: options.namespace, name: options.name })
 }
@@ -210,11 +239,23 @@ async fn activate(
             ),
         ));
     }
-    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches })
+    let credentials = match deploy::credentials(client, spec, namespace).await {
+        Ok(credentials) => Some(credentials),
+        Err(why) => {
+            warn!(%why, "no Dataplane credentials; rendering only");
+            None
+        }
+    };
+    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches, credentials })
 }
 
 /// Renders the active configuration from the current stores, off the async threads.
-async fn render(active: &Active, triggers: Vec<Trigger>, sink: &RenderSink, max_left_out: usize) {
+async fn render(
+    active: &Active,
+    triggers: Vec<Trigger>,
+    sink: &RenderSink,
+    max_left_out: usize,
+) -> Option<crate::files::FileSet> {
     let renderer = active.renderer.clone();
     let stores = active.watches.snapshot();
     let started = std::time::Instant::now();
@@ -228,8 +269,15 @@ async fn render(active: &Active, triggers: Vec<Trigger>, sink: &RenderSink, max_
                 warn!(%error, "left an object out of the render");
             }
             sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
+            Some(files)
         }
-        Ok(Err(error)) => error!(%error, "render failed; the last good files stay in force"),
-        Err(panic) => error!(%panic, "render task failed"),
+        Ok(Err(error)) => {
+            error!(%error, "render failed; the last good files stay in force");
+            None
+        }
+        Err(panic) => {
+            error!(%panic, "render task failed");
+            None
+        }
     }
 }

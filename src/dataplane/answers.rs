@@ -90,6 +90,11 @@ struct ReloadAnswer {
 }
 
 #[derive(Deserialize)]
+struct StorageEntry {
+    storage_name: String,
+}
+
+#[derive(Deserialize)]
 struct ErrorAnswer {
     message: String,
 }
@@ -135,6 +140,14 @@ fn reload_from(answer: ReloadAnswer) -> Result<Reload, String> {
         other => return Err(format!("reload {} has unknown status {other:?}", answer.id)),
     };
     Ok(Reload { id: ReloadId(answer.id), status, response: answer.response.filter(|r| !r.is_empty()) })
+}
+
+/// Parses a storage listing (`GET /services/haproxy/storage/maps` or `.../general`).
+pub fn parse_storage_names(body: &str) -> Result<Vec<String>, String> {
+    let entries: Vec<StorageEntry> = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let mut names: Vec<String> = entries.into_iter().map(|e| e.storage_name).collect();
+    names.sort();
+    Ok(names)
 }
 
 /// The human message of an error answer: the `message` field when the body is the API's JSON
@@ -190,6 +203,14 @@ mod tests {
     fn unknown_reload_status_is_an_error_naming_the_reload() {
         let err = parse_reload(r#"{"id":"r1","status":"exploded"}"#).unwrap_err();
         assert!(err.contains("r1") && err.contains("exploded"), "{err}");
+    }
+
+    #[test]
+    fn storage_listings_give_sorted_names() {
+        let body = r#"[{"storage_name":"path.map","file":"/etc/haproxy/maps/path.map","size":12},
+                       {"storage_name":"host.map","file":"/etc/haproxy/maps/host.map","size":40}]"#;
+        assert_eq!(parse_storage_names(body).unwrap(), ["host.map", "path.map"]);
+        assert!(parse_storage_names("{}").is_err());
     }
 
     #[test]

@@ -74,6 +74,24 @@ impl fmt::Debug for Credentials {
     }
 }
 
+/// The two kinds of auxiliary file storage the Dataplane API keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StorageKind {
+    /// Map files (`maps_dir`).
+    Maps,
+    /// General files such as error pages (`general_storage_dir`).
+    General,
+}
+
+impl StorageKind {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Maps => "services/haproxy/storage/maps",
+            Self::General => "services/haproxy/storage/general",
+        }
+    }
+}
+
 /// What a raw configuration push should do beyond writing the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushMode {
@@ -296,6 +314,77 @@ impl DataplaneClient {
         answers::parse_reloads(&body).map_err(|detail| self.unreadable(path, detail))
     }
 
+    /// The names of the stored files of one kind.
+    pub async fn list_storage(&self, kind: StorageKind) -> Result<Vec<String>, DataplaneError> {
+        let path = kind.path();
+        let (_, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
+        answers::parse_storage_names(&body).map_err(|detail| self.unreadable(path, detail))
+    }
+
+    /// One stored file's content, or `None` if it does not exist.
+    pub async fn get_storage(&self, kind: StorageKind, name: &str) -> Result<Option<String>, DataplaneError> {
+        let path = format!("{}/{name}", kind.path());
+        let response = self.execute(self.request(Method::GET, &path), Method::GET, &path).await?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
+        match status {
+            StatusCode::OK => Ok(Some(text)),
+            StatusCode::NOT_FOUND => Ok(None),
+            _ => Err(self.unexpected(Method::GET, &path, status, &text)),
+        }
+    }
+
+    /// Creates or replaces a stored file without reloading HAProxy (the push that follows
+    /// reloads once for everything).
+    pub async fn put_storage(
+        &self,
+        kind: StorageKind,
+        name: &str,
+        content: &str,
+        exists: bool,
+    ) -> Result<(), DataplaneError> {
+        let skip_reload = [("skip_reload", "true")];
+        let (method, path, request) = if exists {
+            let path = format!("{}/{name}", kind.path());
+            let request = match kind {
+                // Maps are replaced as plain text; general files as a multipart upload.
+                StorageKind::Maps => self
+                    .request(Method::PUT, &path)
+                    .query(&skip_reload)
+                    .header(reqwest::header::CONTENT_TYPE, "text/plain")
+                    .body(content.to_owned()),
+                StorageKind::General => {
+                    self.request(Method::PUT, &path).query(&skip_reload).multipart(upload_form(name, content))
+                }
+            };
+            (Method::PUT, path, request)
+        } else {
+            let path = kind.path().to_owned();
+            let request = self.request(Method::POST, &path).query(&skip_reload).multipart(upload_form(name, content));
+            (Method::POST, path, request)
+        };
+        let response = self.execute(request, method.clone(), &path).await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        Err(self.unexpected(method, &path, status, &text))
+    }
+
+    /// Deletes a stored file without reloading HAProxy; a file already gone is not an error.
+    pub async fn delete_storage(&self, kind: StorageKind, name: &str) -> Result<(), DataplaneError> {
+        let path = format!("{}/{name}", kind.path());
+        let request = self.request(Method::DELETE, &path).query(&[("skip_reload", "true")]);
+        let response = self.execute(request, Method::DELETE, &path).await?;
+        let status = response.status();
+        if status.is_success() || status == StatusCode::NOT_FOUND {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        Err(self.unexpected(Method::DELETE, &path, status, &text))
+    }
+
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         self.http
             .request(method, self.endpoint.join(path))
@@ -359,6 +448,11 @@ impl DataplaneClient {
             body,
         }
     }
+}
+
+fn upload_form(name: &str, content: &str) -> reqwest::multipart::Form {
+    let part = reqwest::multipart::Part::text(content.to_owned()).file_name(name.to_owned());
+    reqwest::multipart::Form::new().part("file_upload", part)
 }
 
 #[cfg(test)]

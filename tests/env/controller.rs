@@ -55,14 +55,28 @@ pub struct ControllerProcess {
 }
 
 impl ControllerProcess {
-    /// Starts the controller on the configuration `namespace/name`.
+    /// Starts the controller on the configuration `namespace/name`, with a journal of its own.
     pub fn start(env: &Manifest, namespace: &str, name: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
+        let journal = dir.path().join("journal");
+        Self::start_in(env, namespace, name, dir, &journal)
+    }
+
+    /// Starts the controller with the journal at `journal` (to restart on the same journal).
+    pub fn start_in(
+        env: &Manifest,
+        namespace: &str,
+        name: &str,
+        dir: tempfile::TempDir,
+        journal: &Path,
+    ) -> Result<Self> {
         let render_dir = dir.path().join("renders");
-        let log = dir.path().join("haptic.log");
+        let log = dir.path().join(format!("haptic-{}.log", std::process::id()));
         let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
             .args(["run", "--config-namespace", namespace, "--config-name", name, "--render-dir"])
             .arg(&render_dir)
+            .arg("--journal-dir")
+            .arg(journal)
             .env("KUBECONFIG", &env.kubeconfig)
             .env("RUST_LOG", "info,haptic=debug")
             .stdout(Stdio::null())
@@ -114,6 +128,16 @@ impl ControllerProcess {
     /// The path of the log, for messages.
     pub fn log_path(&self) -> &Path {
         &self.log
+    }
+}
+
+impl ControllerProcess {
+    /// Kills the controller (SIGKILL) and hands back its directory, e.g. to restart on it.
+    pub fn kill(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let placeholder = tempfile::tempdir().expect("temp dir");
+        std::mem::replace(&mut self._dir, placeholder)
     }
 }
 

@@ -1,0 +1,123 @@
+//! Deployment wiring: the fleet of pod drivers, fed with each successful render and the
+//! current HAProxy pods, journaled in the journal directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::config::HAProxyTemplateConfigSpec;
+use crate::dataplane::Credentials;
+use crate::files::FileSet;
+use crate::fleet::{DataplaneActions, Desired, DriverSettings, PodTarget, supervisor};
+use crate::journal::{Journal, PodUid};
+use crate::render::PodInfo;
+
+/// The running fleet.
+pub(crate) struct Deployer {
+    journal: Arc<Journal>,
+    fleet: Option<Fleet>,
+}
+
+struct Fleet {
+    pods: watch::Sender<Vec<PodTarget>>,
+    desired: watch::Sender<Arc<Desired>>,
+    actions: Arc<DataplaneActions>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Deployer {
+    pub(crate) fn new(journal: Journal) -> Self {
+        Self { journal: Arc::new(journal), fleet: None }
+    }
+
+    /// Hands a successful render and the current pods to the fleet, starting it on first use.
+    pub(crate) fn deploy(
+        &mut self,
+        spec: &HAProxyTemplateConfigSpec,
+        credentials: &Credentials,
+        files: FileSet,
+        pods: &[PodInfo],
+    ) {
+        let port = spec.dataplane.port;
+        let targets: Vec<PodTarget> = pods
+            .iter()
+            .map(|pod| PodTarget {
+                uid: PodUid(pod.uid.clone()),
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                endpoint: endpoint(&pod.ip, port),
+            })
+            .collect();
+        let desired = Arc::new(Desired::new(files));
+        match &self.fleet {
+            Some(fleet) => {
+                fleet.actions.set_credentials(credentials.clone());
+                fleet.desired.send_replace(desired);
+                fleet.pods.send_replace(targets);
+            }
+            None => {
+                let actions = Arc::new(DataplaneActions::new(credentials.clone()));
+                let settings = DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get() };
+                let (pods_tx, pods_rx) = watch::channel(targets);
+                let (desired_tx, desired_rx) = watch::channel(desired);
+                let max_parallel = spec.dataplane.max_parallel as usize;
+                let task = tokio::spawn(supervisor::run(
+                    self.journal.clone(),
+                    actions.clone(),
+                    max_parallel,
+                    settings,
+                    pods_rx,
+                    desired_rx,
+                ));
+                info!(max_parallel, "fleet started");
+                self.fleet = Some(Fleet { pods: pods_tx, desired: desired_tx, actions, task });
+            }
+        }
+    }
+
+    /// Stops every driver; in-flight actions are abandoned at their next step.
+    pub(crate) async fn stop(self) {
+        if let Some(fleet) = self.fleet {
+            drop(fleet.pods);
+            drop(fleet.desired);
+            if tokio::time::timeout(Duration::from_secs(10), fleet.task).await.is_err() {
+                warn!("fleet did not stop within 10s");
+            }
+        }
+    }
+}
+
+fn endpoint(ip: &str, port: u16) -> String {
+    if ip.contains(':') { format!("http://[{ip}]:{port}/v3") } else { format!("http://{ip}:{port}/v3") }
+}
+
+/// Reads the Dataplane credentials from the Secret the configuration names (keys
+/// `dataplane_username` and `dataplane_password`); the error never contains the password.
+pub(crate) async fn credentials(
+    client: &kube::Client,
+    spec: &HAProxyTemplateConfigSpec,
+    namespace: &str,
+) -> Result<Credentials, String> {
+    let reference = spec
+        .dataplane
+        .credentials_secret_ref
+        .as_ref()
+        .ok_or("spec.dataplane.credentialsSecretRef is not set, so no pod can be deployed to")?;
+    let namespace = reference.namespace.as_deref().unwrap_or(namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = secrets
+        .get(&reference.name)
+        .await
+        .map_err(|e| format!("reading Secret {namespace}/{}: {e}", reference.name))?;
+    let data = secret.data.unwrap_or_default();
+    let field = |key: &str| {
+        data.get(key)
+            .map(|bytes| String::from_utf8_lossy(&bytes.0).into_owned())
+            .ok_or_else(|| format!("Secret {namespace}/{} has no {key}", reference.name))
+    };
+    Ok(Credentials::new(field("dataplane_username")?, field("dataplane_password")?))
+}

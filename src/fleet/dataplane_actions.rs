@@ -1,0 +1,217 @@
+//! [`PodActions`] through the HAProxy Dataplane API: the adapter between a pod's state machine
+//! and the pod.
+//!
+//! Verify reads the configuration and every stored map and general file and checksums them
+//! (the `# _version=` line the API maintains is not part of what was pushed). Validate uploads
+//! the auxiliary files that differ, remembering what they replaced, then validates the whole
+//! configuration on the pod. Push writes it as one raw update with the version the pod reports
+//! (re-reading it on a conflict), waits for the reload, then removes files no longer desired.
+//! A rejected configuration's uploads are put back as they were.
+//!
+//! Note: the Dataplane API cannot be built on this project's machines yet (docs/environment.md);
+//! this adapter follows the API's specification and is exercised for real only in its failure
+//! paths (an unreachable pod) until it can be.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::driver::{Desired, PodActions, PodTarget, Validation};
+use super::machine::FileChecksums;
+use crate::dataplane::{
+    Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus, StorageKind,
+};
+use crate::files::Checksum;
+use crate::journal::PodUid;
+
+/// How long a reload may take before the push counts as failed.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pushes retried after a version conflict (someone else wrote in between).
+const CONFLICT_RETRIES: usize = 3;
+
+/// One auxiliary file replaced during validation, and what was there before.
+#[derive(Clone, Debug)]
+struct Upload {
+    kind: StorageKind,
+    name: String,
+    original: Option<String>,
+}
+
+/// The Dataplane adapter for every pod.
+pub struct DataplaneActions {
+    credentials: Mutex<Credentials>,
+    clients: Mutex<HashMap<String, DataplaneClient>>,
+    uploads: Mutex<HashMap<PodUid, Vec<Upload>>>,
+}
+
+impl DataplaneActions {
+    /// An adapter using these credentials for every pod.
+    pub fn new(credentials: Credentials) -> Self {
+        Self {
+            credentials: Mutex::new(credentials),
+            clients: Mutex::new(HashMap::new()),
+            uploads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Replaces the credentials (the Secret changed); connections are rebuilt with them.
+    pub fn set_credentials(&self, credentials: Credentials) {
+        if let Ok(mut current) = self.credentials.lock() {
+            *current = credentials;
+        }
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.clear();
+        }
+    }
+
+    fn client(&self, pod: &PodTarget) -> Result<DataplaneClient, String> {
+        let mut clients = self.clients.lock().map_err(|_| "client cache poisoned".to_owned())?;
+        if let Some(client) = clients.get(&pod.endpoint) {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::parse(&pod.endpoint).map_err(|e| e.to_string())?;
+        let credentials = self.credentials.lock().map_err(|_| "credentials poisoned".to_owned())?.clone();
+        let client = DataplaneClient::new(endpoint, credentials);
+        clients.insert(pod.endpoint.clone(), client.clone());
+        Ok(client)
+    }
+
+    fn record_upload(&self, uid: &PodUid, upload: Upload) {
+        if let Ok(mut uploads) = self.uploads.lock() {
+            uploads.entry(uid.clone()).or_default().push(upload);
+        }
+    }
+
+    fn take_uploads(&self, uid: &PodUid) -> Vec<Upload> {
+        self.uploads.lock().ok().and_then(|mut uploads| uploads.remove(uid)).unwrap_or_default()
+    }
+}
+
+/// The configuration as it was pushed: without the `# _version=` line the API adds.
+pub fn without_version_line(raw: &str) -> String {
+    raw.lines().filter(|line| !line.starts_with("# _version=")).map(|line| format!("{line}\n")).collect()
+}
+
+fn desired_storage(desired: &Desired) -> Vec<(StorageKind, &str, &str)> {
+    let maps = desired.files.maps.iter().map(|(name, file)| (StorageKind::Maps, name.as_str(), file.content.as_str()));
+    let general =
+        desired.files.files.iter().map(|(name, file)| (StorageKind::General, name.as_str(), file.content.as_str()));
+    maps.chain(general).collect()
+}
+
+fn prefix(kind: StorageKind) -> &'static str {
+    match kind {
+        StorageKind::Maps => "maps",
+        StorageKind::General => "files",
+    }
+}
+
+async fn wait_for_reload(client: &DataplaneClient, id: &ReloadId) -> Result<(), String> {
+    let deadline = Instant::now() + RELOAD_TIMEOUT;
+    loop {
+        let reload = client.reload(id).await.map_err(|e| e.to_string())?;
+        match reload.status {
+            ReloadStatus::Succeeded => return Ok(()),
+            ReloadStatus::Failed => {
+                return Err(format!("reload {id} failed: {}", reload.response.unwrap_or_default()));
+            }
+            ReloadStatus::InProgress if Instant::now() > deadline => {
+                return Err(format!("reload {id} still in progress after {}s", RELOAD_TIMEOUT.as_secs()));
+            }
+            ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+impl PodActions for DataplaneActions {
+    async fn verify(&self, pod: &PodTarget) -> Result<Option<FileChecksums>, String> {
+        let client = self.client(pod)?;
+        let (_, raw) = client.raw_configuration().await.map_err(|e| e.to_string())?;
+        let mut checksums = vec![("haproxy.cfg".to_owned(), Checksum::of(without_version_line(&raw).as_bytes()))];
+        for kind in [StorageKind::Maps, StorageKind::General] {
+            for name in client.list_storage(kind).await.map_err(|e| e.to_string())? {
+                if let Some(content) = client.get_storage(kind, &name).await.map_err(|e| e.to_string())? {
+                    checksums.push((format!("{}/{name}", prefix(kind)), Checksum::of(content.as_bytes())));
+                }
+            }
+        }
+        Ok(Some(checksums))
+    }
+
+    async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, String> {
+        let client = self.client(pod)?;
+        for (kind, name, content) in desired_storage(desired) {
+            let current = client.get_storage(kind, name).await.map_err(|e| e.to_string())?;
+            if current.as_deref() != Some(content) {
+                let exists = current.is_some();
+                self.record_upload(&pod.uid, Upload { kind, name: name.to_owned(), original: current });
+                client.put_storage(kind, name, content, exists).await.map_err(|e| e.to_string())?;
+            }
+        }
+        let version = client.configuration_version().await.map_err(|e| e.to_string())?;
+        match client.push_raw(&desired.files.haproxy_cfg.content, version, PushMode::ValidateOnly).await {
+            Ok(_) => Ok(Validation::Passed),
+            Err(DataplaneError::InvalidConfiguration { message, .. }) => Ok(Validation::Rejected(message)),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    async fn push(&self, pod: &PodTarget, desired: &Desired) -> Result<FileChecksums, String> {
+        let client = self.client(pod)?;
+        let config = &desired.files.haproxy_cfg.content;
+        let mut attempt = 0;
+        loop {
+            let version = client.configuration_version().await.map_err(|e| e.to_string())?;
+            match client.push_raw(config, version, PushMode::Reload).await {
+                Ok(PushOutcome::ReloadQueued(id)) => {
+                    wait_for_reload(&client, &id).await?;
+                    break;
+                }
+                Ok(PushOutcome::Applied | PushOutcome::Valid) => break,
+                Err(DataplaneError::VersionConflict { .. }) if attempt < CONFLICT_RETRIES => attempt += 1,
+                Err(error) => return Err(error.to_string()),
+            }
+        }
+        // The configuration that referred to them is gone: remove files no longer desired.
+        let wanted: Vec<(StorageKind, &str)> = desired_storage(desired).into_iter().map(|(k, n, _)| (k, n)).collect();
+        for kind in [StorageKind::Maps, StorageKind::General] {
+            for name in client.list_storage(kind).await.map_err(|e| e.to_string())? {
+                if !wanted.contains(&(kind, name.as_str())) {
+                    client.delete_storage(kind, &name).await.map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        self.take_uploads(&pod.uid);
+        Ok(desired.checksums.clone())
+    }
+
+    async fn runtime_patch(&self, _: &PodTarget, _: &Desired) -> Result<Option<FileChecksums>, String> {
+        // Runtime patches arrive with issue #5; until then the machine falls back to a full sync.
+        Ok(None)
+    }
+
+    async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
+        let client = self.client(pod)?;
+        for upload in self.take_uploads(&pod.uid).into_iter().rev() {
+            match &upload.original {
+                Some(content) => client.put_storage(upload.kind, &upload.name, content, true).await,
+                None => client.delete_storage(upload.kind, &upload.name).await,
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_line_is_not_part_of_what_was_pushed() {
+        assert_eq!(without_version_line("# _version=7\nglobal\n    maxconn 10\n"), "global\n    maxconn 10\n");
+        assert_eq!(without_version_line("global\n"), "global\n");
+    }
+}

@@ -1,0 +1,93 @@
+//! The fleet against the real API server and the real binary, where the Dataplane API side is
+//! genuinely absent: a Ready pod whose address has no Dataplane API behind it. The controller
+//! must journal it with its error, back off, and resume from the journal after a restart.
+//! (Deployment to live pods needs the Dataplane API, which cannot be built here yet; see
+//! docs/environment.md.)
+
+mod env;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use env::controller::{ControllerProcess, ensure_haptic_crd};
+use haptic::config::HAProxyTemplateConfig;
+use haptic::fleet::machine::State;
+use haptic::journal::{Journal, PodUid};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+#[tokio::test]
+async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_after_a_restart() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "fleet-unreachable").await?;
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": "dataplane"},
+        "stringData": {"dataplane_username": "admin", "dataplane_password": "not-logged-anywhere"}
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+
+    // Nothing listens on 127.1.9.9: the pod is Ready in Kubernetes but its Dataplane API is gone.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let ghost: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "ghost", "labels": {"haptic.dev/test": "ghost"}},
+        "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
+    }))?;
+    let created = pods.create(&PostParams::default(), &ghost).await?;
+    let uid = PodUid(created.metadata.uid.context("uid")?);
+    let status = json!({"status": {"phase": "Running", "podIP": "127.1.9.9",
+                                   "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status("ghost", &PatchParams::default(), &Patch::Merge(status)).await?;
+
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let config = serde_json::from_value(json!({
+        "apiVersion": "haptic.dev/v1alpha1", "kind": "HAProxyTemplateConfig",
+        "metadata": {"name": "test", "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchLabels": {"haptic.dev/test": "ghost"}},
+            "watchedResources": {"services": {"apiVersion": "v1", "kind": "Service", "namespaces": [namespace]}},
+            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}},
+            "templates": {"haproxyConfig": "global\n    maxconn 100\n"}
+        }
+    }))?;
+    configs.create(&PostParams::default(), &config).await?;
+
+    let dir = tempfile::tempdir()?;
+    let journal_dir = dir.path().join("journal");
+    let controller = ControllerProcess::start_in(env, &namespace, "test", dir, &journal_dir)?;
+    // Verification fails at once, then after 1 s and 2 s of backoff: give it time for a few.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let log = controller.log_text();
+    ensure!(!log.contains("not-logged-anywhere"), "the Dataplane password appeared in the log");
+    let dir = controller.kill();
+
+    let (journal, report) = Journal::open(&journal_dir, 100)?;
+    ensure!(report.moved_aside.is_none(), "the journal of a killed controller must still open: {report:?}");
+    let record = journal.pod(&uid)?.with_context(|| format!("no journal record for the pod; log:\n{log}"))?;
+    ensure!(record.state == State::Unknown, "an unreachable pod stays Unknown, got {:?}", record.state);
+    let error = record.last_transition.error.clone().unwrap_or_default();
+    ensure!(
+        error.contains("unreachable") && error.contains("127.1.9.9:5555"),
+        "error names the pod's endpoint: {error}"
+    );
+    let failures = journal.transitions(&uid, 0, 100)?.iter().filter(|t| t.error.is_some()).count();
+    ensure!(failures >= 2, "expected repeated, backed-off attempts, got {failures}");
+    let seq_before = record.last_transition.seq;
+    drop(journal);
+
+    // Restart on the same journal: the record is resumed and the attempts go on from it.
+    let controller = ControllerProcess::start_in(env, &namespace, "test", dir, &journal_dir)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = controller.log_text();
+    // Keep the directory (and the journal in it) alive until the end of the test.
+    let _dir = controller.kill();
+    let (journal, report) = Journal::open(&journal_dir, 100)?;
+    ensure!(report.moved_aside.is_none(), "{report:?}");
+    let resumed = journal.pod(&uid)?.with_context(|| format!("no record after the restart; log:\n{log}"))?;
+    ensure!(resumed.last_transition.seq > seq_before, "the restarted controller continued the pod's log");
+    Ok(())
+}
