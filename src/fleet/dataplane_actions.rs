@@ -215,3 +215,113 @@ mod tests {
         assert_eq!(without_version_line("global\n"), "global\n");
     }
 }
+
+/// Request shapes only: what the adapter sends for a validate-then-push of a configuration
+/// with one new map, against a scripted server. The real API is exercised by the
+/// integration tests once it can be built here.
+#[cfg(test)]
+mod request_shapes {
+    use std::collections::BTreeMap;
+
+    use wiremock::matchers::{method, path, query_param};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use super::*;
+    use crate::files::{FileSet, RenderedFile};
+
+    #[tokio::test]
+    async fn validate_uploads_the_map_without_reload_then_push_uses_the_version_and_cleans_up() {
+        let server = MockServer::start().await;
+        let base = "/v3/services/haproxy";
+        let json = |body: &str| ResponseTemplate::new(200).set_body_raw(body.to_owned(), "application/json");
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/storage/maps/host.map")))
+            .respond_with(ResponseTemplate::new(404))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/storage/maps")))
+            .and(query_param("skip_reload", "true"))
+            .respond_with(ResponseTemplate::new(201))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/configuration/version")))
+            .respond_with(json("4"))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/configuration/raw")))
+            .and(query_param("only_validate", "true"))
+            .respond_with(ResponseTemplate::new(202))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/configuration/raw")))
+            .and(query_param("version", "4"))
+            .respond_with(ResponseTemplate::new(202).insert_header("Reload-ID", "2026-12-02-1"))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/reloads/2026-12-02-1")))
+            .respond_with(json(r#"{"id":"2026-12-02-1","status":"succeeded"}"#))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/storage/maps")))
+            .respond_with(json(r#"[{"storage_name":"host.map"},{"storage_name":"old.map"}]"#))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/storage/general")))
+            .respond_with(json("[]"))
+            .mount(&server)
+            .await;
+        Mock::given(method("DELETE"))
+            .and(path(format!("{base}/storage/maps/old.map")))
+            .and(query_param("skip_reload", "true"))
+            .respond_with(ResponseTemplate::new(204))
+            .mount(&server)
+            .await;
+
+        let actions = DataplaneActions::new(Credentials::new("admin", "secret"));
+        let pod = PodTarget {
+            uid: PodUid("u".into()),
+            namespace: "n".into(),
+            name: "p".into(),
+            endpoint: format!("{}/v3", server.uri()),
+        };
+        let desired = Desired::new(FileSet {
+            haproxy_cfg: RenderedFile::new("global\n".into()),
+            maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new("example.com be_app\n".into()))]),
+            files: BTreeMap::new(),
+        });
+        assert_eq!(actions.validate(&pod, &desired).await.unwrap(), Validation::Passed);
+        assert_eq!(actions.push(&pod, &desired).await.unwrap(), desired.checksums);
+
+        let requests = server.received_requests().await.unwrap();
+        let seen: Vec<String> =
+            requests.iter().map(|r| format!("{} {}", r.method, r.url.path().trim_start_matches(base))).collect();
+        assert_eq!(
+            seen,
+            [
+                "GET /storage/maps/host.map",
+                "POST /storage/maps",
+                "GET /configuration/version",
+                "POST /configuration/raw",
+                "GET /configuration/version",
+                "POST /configuration/raw",
+                "GET /reloads/2026-12-02-1",
+                "GET /storage/maps",
+                "DELETE /storage/maps/old.map",
+                "GET /storage/general",
+            ]
+        );
+        let upload = String::from_utf8_lossy(&requests[1].body);
+        assert!(
+            upload.contains("name=\"file_upload\"; filename=\"host.map\"") && upload.contains("example.com be_app"),
+            "{upload}"
+        );
+        assert!(requests.iter().all(|r| r.headers.get("authorization").is_some()), "every call authenticates");
+    }
+}
