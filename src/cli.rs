@@ -63,6 +63,9 @@ pub struct RunArgs {
     /// Transitions kept per pod in the journal's log.
     #[arg(long, default_value_t = 100)]
     pub journal_retention: u64,
+    /// Where the read-only HTTP API (pods, render, health) listens.
+    #[arg(long, env = "HAPTIC_API_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub api_address: std::net::SocketAddr,
 }
 
 /// Arguments of `haptic render`.
@@ -155,6 +158,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         max_left_out: args.max_left_out,
         journal_dir: (!args.render_only).then_some(args.journal_dir),
         journal_retention: args.journal_retention,
+        api_address: Some(args.api_address),
     };
     tokio::select! {
         result = crate::controller::run(client, options) => Ok(result?),

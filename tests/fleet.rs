@@ -61,6 +61,16 @@ async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_af
     let controller = ControllerProcess::start_in(env, &namespace, "test", dir, &journal_dir)?;
     // Verification fails at once, then after 1 s and 2 s of backoff: give it time for a few.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // The HTTP API shows the same, and keeps the password to itself.
+    let api = controller.api_url().await?;
+    let answer = reqwest::get(format!("{api}/api/v1/pods")).await?.text().await?;
+    let pods: serde_json::Value = serde_json::from_str(&answer)?;
+    ensure!(pods["pods"][0]["uid"] == uid.0.as_str() && pods["pods"][0]["state"] == "Unknown", "{answer}");
+    ensure!(pods["pods"][0]["lastError"].as_str().is_some_and(|e| e.contains("127.1.9.9:5555")), "{answer}");
+    ensure!(!answer.contains("not-logged-anywhere"), "the API must never show the password");
+    let one: serde_json::Value =
+        reqwest::get(format!("{api}/api/v1/pods/{namespace}/ghost?limit=2")).await?.json().await?;
+    ensure!(one["transitions"].as_array().is_some_and(|t| t.len() == 2), "{one}");
     let log = controller.log_text();
     ensure!(!log.contains("not-logged-anywhere"), "the Dataplane password appeared in the log");
     let dir = controller.kill();

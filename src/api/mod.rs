@@ -1,3 +1,424 @@
-//! HTTP API: read-only views of every pod's sync state, the current render, health and metrics.
-//!
-//! Reads from the fleet and the journal; never changes them. Built in the operations issue (#6).
+//! HTTP API: read-only views of every pod's sync state (from the journal), the current render,
+//! and health. It reads what the fleet and the renderer publish; it never changes them.
+//! Every error is JSON with the right status; secrets never appear (the journal holds none).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::files::FileSet;
+use crate::journal::{Journal, JournaledPod, TransitionEntry};
+
+/// The render the API shows.
+#[derive(Clone, Debug)]
+pub struct CurrentRender {
+    /// The configuration generation it came from.
+    pub generation: i64,
+    /// The files.
+    pub files: Arc<FileSet>,
+}
+
+/// What the API reads; shared with the controller, which fills it.
+#[derive(Clone, Default)]
+pub struct ApiState {
+    /// The journal, when the controller deploys.
+    pub journal: Option<Arc<Journal>>,
+    /// The last successful render.
+    pub current: Arc<RwLock<Option<CurrentRender>>>,
+    /// Whether watches are synced and the journal is open.
+    pub ready: Arc<AtomicBool>,
+}
+
+impl ApiState {
+    /// Publishes a successful render.
+    pub fn set_render(&self, generation: i64, files: Arc<FileSet>) {
+        if let Ok(mut current) = self.current.write() {
+            *current = Some(CurrentRender { generation, files });
+        }
+    }
+
+    fn current(&self) -> Option<CurrentRender> {
+        self.current.read().ok().and_then(|current| current.clone())
+    }
+}
+
+/// The API's routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/pods", get(pods))
+        .route("/api/v1/pods/{namespace}/{name}", get(pod))
+        .route("/api/v1/config", get(config))
+        .route("/api/v1/config/files/{*name}", get(config_file))
+        .route("/api/v1/openapi.json", get(|| async { Json(openapi()) }))
+        .fallback(|uri: axum::http::Uri| async move {
+            error(StatusCode::NOT_FOUND, format!("no such resource: {}", uri.path()))
+        })
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, state: ApiState) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+/// Binds the API's address; the error names it.
+pub async fn bind(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding the HTTP API to {address}: {e}")))
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(json!({"error": message, "status": status.as_u16()}))).into_response()
+}
+
+async fn readyz(State(state): State<ApiState>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        error(StatusCode::SERVICE_UNAVAILABLE, "watches are not synced or the journal is not open yet".into())
+    }
+}
+
+/// A transition as the API shows it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TransitionView {
+    seq: u64,
+    at: String,
+    from: String,
+    to: String,
+    reason: String,
+    error: Option<String>,
+}
+
+impl From<&TransitionEntry> for TransitionView {
+    fn from(entry: &TransitionEntry) -> Self {
+        let at = k8s_openapi::jiff::Timestamp::try_from(entry.at).map(|t| t.to_string()).unwrap_or_default();
+        Self {
+            seq: entry.seq,
+            at,
+            from: entry.from.to_string(),
+            to: entry.to.to_string(),
+            reason: entry.reason.clone(),
+            error: entry.error.clone(),
+        }
+    }
+}
+
+/// A pod as the API shows it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodView {
+    namespace: String,
+    name: String,
+    uid: String,
+    state: String,
+    desired_checksums: Option<Vec<FileChecksum>>,
+    pushed_checksums: Option<Vec<FileChecksum>>,
+    last_transition: TransitionView,
+    last_error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct FileChecksum {
+    name: String,
+    checksum: String,
+}
+
+fn pod_view(pod: &JournaledPod, current: Option<&CurrentRender>) -> PodView {
+    let checksums = |files: &[(String, crate::files::Checksum)]| {
+        files.iter().map(|(name, c)| FileChecksum { name: name.clone(), checksum: c.to_string() }).collect()
+    };
+    PodView {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.0.clone(),
+        state: pod.state.to_string(),
+        desired_checksums: current.map(|c| {
+            c.files.entries().map(|(name, f)| FileChecksum { name, checksum: f.checksum.to_string() }).collect()
+        }),
+        pushed_checksums: pod.pushed.as_deref().map(checksums),
+        last_transition: TransitionView::from(&pod.last_transition),
+        last_error: pod.last_transition.error.clone(),
+    }
+}
+
+fn journal(state: &ApiState) -> Result<&Arc<Journal>, Box<Response>> {
+    state.journal.as_ref().ok_or_else(|| {
+        Box::new(error(StatusCode::SERVICE_UNAVAILABLE, "this controller deploys to no pod (render only)".into()))
+    })
+}
+
+async fn pods(State(state): State<ApiState>) -> Response {
+    let journal = match journal(&state) {
+        Ok(journal) => journal,
+        Err(response) => return *response,
+    };
+    match journal.pods() {
+        Ok(pods) => {
+            let current = state.current();
+            let mut views: Vec<PodView> = pods.iter().map(|pod| pod_view(pod, current.as_ref())).collect();
+            views.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+            Json(json!({"pods": views})).into_response()
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Paging of a pod's transitions.
+#[derive(Deserialize)]
+struct Page {
+    /// Transitions after this sequence number.
+    after: Option<u64>,
+    /// At most this many (1 to 1000, default 50).
+    limit: Option<usize>,
+}
+
+async fn pod(
+    State(state): State<ApiState>,
+    Path((namespace, name)): Path<(String, String)>,
+    page: Result<Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(page) = match page {
+        Ok(page) => page,
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, format!("bad query: {}", rejection.body_text())),
+    };
+    let limit = page.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return error(StatusCode::BAD_REQUEST, format!("limit must be between 1 and 1000, not {limit}"));
+    }
+    let journal = match journal(&state) {
+        Ok(journal) => journal,
+        Err(response) => return *response,
+    };
+    let pods = match journal.pods() {
+        Ok(pods) => pods,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    // Several UIDs can share a name over time; the newest record is the pod by that name now.
+    let Some(found) =
+        pods.iter().filter(|p| p.namespace == namespace && p.name == name).max_by_key(|p| p.last_transition.at)
+    else {
+        return error(StatusCode::NOT_FOUND, format!("no pod {namespace}/{name} is known"));
+    };
+    match journal.transitions(&found.uid, page.after.unwrap_or(0), limit) {
+        Ok(transitions) => {
+            let next = (transitions.len() == limit).then(|| transitions.last().map(|t| t.seq)).flatten();
+            let transitions: Vec<TransitionView> = transitions.iter().map(TransitionView::from).collect();
+            Json(json!({"pod": pod_view(found, state.current().as_ref()), "transitions": transitions, "nextAfter": next}))
+                .into_response()
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn config(State(state): State<ApiState>) -> Response {
+    match state.current() {
+        Some(current) => {
+            let files: Vec<_> = current
+                .files
+                .entries()
+                .map(|(name, f)| json!({"name": name, "size": f.content.len(), "checksum": f.checksum.to_string()}))
+                .collect();
+            Json(json!({"generation": current.generation, "files": files})).into_response()
+        }
+        None => error(StatusCode::NOT_FOUND, "nothing has been rendered yet".into()),
+    }
+}
+
+async fn config_file(State(state): State<ApiState>, Path(name): Path<String>) -> Response {
+    let Some(current) = state.current() else {
+        return error(StatusCode::NOT_FOUND, "nothing has been rendered yet".into());
+    };
+    match current.files.entries().find(|(path, _)| *path == name) {
+        Some((_, file)) => {
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], file.content.clone()).into_response()
+        }
+        None => error(StatusCode::NOT_FOUND, format!("no rendered file {name}")),
+    }
+}
+
+/// The OpenAPI 3 description of these routes.
+pub fn openapi() -> serde_json::Value {
+    let error = json!({"$ref": "#/components/schemas/Error"});
+    let json_response = |description: &str, schema: serde_json::Value| json!({"description": description, "content": {"application/json": {"schema": schema}}});
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "haptic", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Read-only views of HAProxy pods' sync state and the current render."},
+        "paths": {
+            "/healthz": {"get": {"responses": {"200": json_response("alive", json!({"type": "object"}))}}},
+            "/readyz": {"get": {"responses": {
+                "200": json_response("ready", json!({"type": "object"})),
+                "503": json_response("not ready", error.clone())}}},
+            "/api/v1/pods": {"get": {"responses": {
+                "200": json_response("every known pod", json!({"type": "object", "required": ["pods"],
+                    "properties": {"pods": {"type": "array", "items": {"$ref": "#/components/schemas/Pod"}}}})),
+                "503": json_response("render only", error.clone())}}},
+            "/api/v1/pods/{namespace}/{name}": {"get": {
+                "parameters": [
+                    {"name": "namespace", "in": "path", "required": true, "schema": {"type": "string"}},
+                    {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
+                    {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
+                "responses": {
+                    "200": json_response("the pod and a page of its transitions", json!({"type": "object",
+                        "required": ["pod", "transitions"], "properties": {
+                            "pod": {"$ref": "#/components/schemas/Pod"},
+                            "transitions": {"type": "array", "items": {"$ref": "#/components/schemas/Transition"}},
+                            "nextAfter": {"type": "integer", "nullable": true}}})),
+                    "400": json_response("bad parameters", error.clone()),
+                    "404": json_response("unknown pod", error.clone()),
+                    "503": json_response("render only", error.clone())}}},
+            "/api/v1/config": {"get": {"responses": {
+                "200": json_response("the current render", json!({"type": "object", "required": ["generation", "files"],
+                    "properties": {"generation": {"type": "integer"}, "files": {"type": "array", "items": {
+                        "type": "object", "required": ["name", "size", "checksum"], "properties": {
+                            "name": {"type": "string"}, "size": {"type": "integer"}, "checksum": {"type": "string"}}}}}})),
+                "404": json_response("nothing rendered yet", error.clone())}}},
+            "/api/v1/config/files/{name}": {"get": {
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "the file", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    "404": json_response("no such file", error.clone())}}},
+            "/api/v1/openapi.json": {"get": {"responses": {"200": json_response("this document", json!({"type": "object"}))}}}
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error", "status"],
+                      "properties": {"error": {"type": "string"}, "status": {"type": "integer"}}},
+            "Checksum": {"type": "object", "required": ["name", "checksum"],
+                         "properties": {"name": {"type": "string"}, "checksum": {"type": "string"}}},
+            "Transition": {"type": "object", "required": ["seq", "at", "from", "to", "reason"], "properties": {
+                "seq": {"type": "integer"}, "at": {"type": "string"}, "from": {"type": "string"},
+                "to": {"type": "string"}, "reason": {"type": "string"}, "error": {"type": "string", "nullable": true}}},
+            "Pod": {"type": "object", "required": ["namespace", "name", "uid", "state", "lastTransition"], "properties": {
+                "namespace": {"type": "string"}, "name": {"type": "string"}, "uid": {"type": "string"},
+                "state": {"type": "string", "enum": ["Unknown", "Validating", "Syncing", "RuntimePatching", "InSync", "Drifted"]},
+                "desiredChecksums": {"type": "array", "nullable": true, "items": {"$ref": "#/components/schemas/Checksum"}},
+                "pushedChecksums": {"type": "array", "nullable": true, "items": {"$ref": "#/components/schemas/Checksum"}},
+                "lastTransition": {"$ref": "#/components/schemas/Transition"},
+                "lastError": {"type": "string", "nullable": true}}}
+        }}
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::files::RenderedFile;
+    use crate::fleet::machine::State as PodState;
+    use crate::journal::PodUid;
+
+    async fn start(state: ApiState) -> String {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, state));
+        format!("http://{address}")
+    }
+
+    fn state_with_a_pod() -> (ApiState, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&dir.path().join("journal"), 100).unwrap();
+        for seq in 1..=3 {
+            journal
+                .commit(&JournaledPod {
+                    uid: PodUid("uid-1".into()),
+                    namespace: "haptic".into(),
+                    name: "haproxy-0".into(),
+                    state: PodState::InSync,
+                    pushed: Some(vec![("haproxy.cfg".into(), crate::files::Checksum::of(b"x"))]),
+                    config_version: None,
+                    last_transition: TransitionEntry {
+                        seq,
+                        at: UNIX_EPOCH + Duration::from_secs(1_764_000_000 + seq),
+                        from: PodState::Syncing,
+                        to: PodState::InSync,
+                        reason: "Pushed".into(),
+                        error: None,
+                    },
+                })
+                .unwrap();
+        }
+        let state = ApiState { journal: Some(Arc::new(journal)), ..ApiState::default() };
+        let files = FileSet {
+            haproxy_cfg: RenderedFile::new("global\n".into()),
+            maps: BTreeMap::from([("host.map".into(), RenderedFile::new("a b\n".into()))]),
+            files: BTreeMap::new(),
+        };
+        state.set_render(4, Arc::new(files));
+        (state, dir)
+    }
+
+    #[tokio::test]
+    async fn pods_config_and_files_are_served_as_documented() {
+        let (state, _dir) = state_with_a_pod();
+        let base = start(state).await;
+        let get = |path: &str| {
+            let url = format!("{base}{path}");
+            async move { reqwest::get(url).await.unwrap() }
+        };
+        let pods: serde_json::Value = get("/api/v1/pods").await.json().await.unwrap();
+        assert_eq!(pods["pods"][0]["uid"], "uid-1");
+        assert_eq!(pods["pods"][0]["state"], "InSync");
+        assert_eq!(pods["pods"][0]["lastTransition"]["seq"], 3);
+        assert_eq!(pods["pods"][0]["desiredChecksums"][1]["name"], "maps/host.map");
+
+        let pod: serde_json::Value = get("/api/v1/pods/haptic/haproxy-0?after=1&limit=1").await.json().await.unwrap();
+        assert_eq!(pod["transitions"][0]["seq"], 2);
+        assert_eq!(pod["nextAfter"], 2);
+
+        let config: serde_json::Value = get("/api/v1/config").await.json().await.unwrap();
+        assert_eq!(config["generation"], 4);
+        assert_eq!(get("/api/v1/config/files/maps/host.map").await.text().await.unwrap(), "a b\n");
+    }
+
+    #[tokio::test]
+    async fn errors_are_json_with_the_right_status() {
+        let (state, _dir) = state_with_a_pod();
+        let base = start(state).await;
+        for (path, status) in [
+            ("/nope", 404),
+            ("/api/v1/pods/haptic/missing", 404),
+            ("/api/v1/pods/haptic/haproxy-0?limit=0", 400),
+            ("/api/v1/pods/haptic/haproxy-0?limit=many", 400),
+            ("/api/v1/config/files/none.map", 404),
+            ("/readyz", 503),
+        ] {
+            let response = reqwest::get(format!("{base}{path}")).await.unwrap();
+            assert_eq!(response.status().as_u16(), status, "{path}");
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert_eq!(body["status"], status, "{path}");
+            assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{path}");
+        }
+    }
+
+    #[test]
+    fn the_openapi_document_names_every_route() {
+        let document = openapi();
+        for route in [
+            "/healthz",
+            "/readyz",
+            "/api/v1/pods",
+            "/api/v1/pods/{namespace}/{name}",
+            "/api/v1/config",
+            "/api/v1/config/files/{name}",
+            "/api/v1/openapi.json",
+        ] {
+            assert!(document["paths"].get(route).is_some(), "{route}");
+        }
+    }
+}

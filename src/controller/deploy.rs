@@ -30,8 +30,8 @@ struct Fleet {
 }
 
 impl Deployer {
-    pub(crate) fn new(journal: Journal) -> Self {
-        Self { journal: Arc::new(journal), fleet: None }
+    pub(crate) fn new(journal: Arc<Journal>) -> Self {
+        Self { journal, fleet: None }
     }
 
     /// Hands a successful render and the current pods to the fleet, starting it on first use.

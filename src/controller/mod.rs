@@ -44,11 +44,16 @@ pub struct ControllerOptions {
     pub journal_dir: Option<PathBuf>,
     /// Transitions kept per pod in the journal's log.
     pub journal_retention: u64,
+    /// Where the read-only HTTP API listens, if anywhere.
+    pub api_address: Option<std::net::SocketAddr>,
 }
 
 /// Errors that stop the controller.
 #[derive(Debug, Error)]
 pub enum ControllerError {
+    /// The HTTP API could not listen.
+    #[error(transparent)]
+    Api(#[from] std::io::Error),
     /// The journal could not be opened, even fresh.
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
@@ -109,13 +114,23 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
     let mut status = status::StatusWriter::new(configs, options.name.clone());
     let mut active: Option<Active> = None;
     let mut coalescer: Option<Coalescer> = None;
-    let mut deployer = match &options.journal_dir {
+    let journal = match &options.journal_dir {
         Some(dir) => {
             let (journal, report) = crate::journal::Journal::open(dir, options.journal_retention)?;
             if let Some((aside, why)) = &report.moved_aside {
                 warn!(moved_to = %aside.display(), %why, "the journal was unreadable; every pod will be verified");
             }
-            Some(deploy::Deployer::new(journal))
+            Some(Arc::new(journal))
+        }
+        None => None,
+    };
+    let mut deployer = journal.clone().map(deploy::Deployer::new);
+    let api = crate::api::ApiState { journal, ..crate::api::ApiState::default() };
+    let _api_task = match options.api_address {
+        Some(address) => {
+            let listener = crate::api::bind(address).await?;
+            info!(address = %listener.local_addr()?, "HTTP API listening");
+            Some(AbortOnDrop(tokio::spawn(crate::api::serve(listener, api.clone()))))
         }
         None => None,
     };
@@ -145,6 +160,7 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                         }
                         // The old watches stop when `active` is replaced.
                         active = Some(next);
+                        api.ready.store(true, std::sync::atomic::Ordering::Release);
                         status.write(generation, ValidCondition::accepted(generation)).await;
                         if let Some(coalescer) = &coalescer {
                             coalescer.send(Trigger::Config { generation }).await;
@@ -163,10 +179,10 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                 }
             }
             Some(triggers) = render_rx.recv() => {
-                if let Some(active) = &active
-                    && let Some(files) = render(active, triggers, &sink, options.max_left_out).await
-                    && let Some(deployer) = deployer.as_mut()
-                {
+                let Some(active) = &active else { continue };
+                let Some(files) = render(active, triggers, &sink, options.max_left_out).await else { continue };
+                api.set_render(active.generation, Arc::new(files.clone()));
+                if let Some(deployer) = deployer.as_mut() {
                     match &active.credentials {
                         Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods()),
                         None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
@@ -179,6 +195,15 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
         deployer.stop().await;
     }
     Err(ControllerError::ConfigWatchEnded { namespace: options.namespace, name: options.name })
+}
+
+/// A task stopped when its owner goes.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The debouncer task and its input; replaced when the debounce settings change.

@@ -77,6 +77,7 @@ impl ControllerProcess {
             .arg(&render_dir)
             .arg("--journal-dir")
             .arg(journal)
+            .args(["--api-address", "127.0.0.1:0"])
             .env("KUBECONFIG", &env.kubeconfig)
             .env("RUST_LOG", "info,haptic=debug")
             .stdout(Stdio::null())
@@ -123,6 +124,26 @@ impl ControllerProcess {
     /// The controller's whole log.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The HTTP API's base URL, once the controller has logged where it listens.
+    pub async fn api_url(&self) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let log = self.log_text();
+            if let Some(line) = log.lines().find(|line| line.contains("HTTP API listening")) {
+                let address = line
+                    .split("address=")
+                    .nth(1)
+                    .context("address field")?
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default();
+                return Ok(format!("http://{address}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("the controller never said where its HTTP API listens:\n{}", self.log_tail())
     }
 
     /// The path of the log, for messages.
