@@ -183,6 +183,27 @@ def haproxy_28_binary(install: bool) -> Path:
     return Path(result.stdout.strip())
 
 
+SCHEMATHESIS = "schemathesis==4.32.5"
+
+
+def schemathesis_binary(install: bool) -> Path:
+    """schemathesis checks the controller's HTTP API against its own OpenAPI document."""
+    venv = CACHE_DIR / "schemathesis-venv"
+    st = venv / "bin" / "st"
+    if st.exists():
+        return st
+    if not install:
+        raise EnvError(f"missing toolchain: {SCHEMATHESIS} is not installed; run `make env-install`.")
+    log(f"installing {SCHEMATHESIS} from PyPI into {venv}")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    result = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", SCHEMATHESIS],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise EnvError(f"could not install {SCHEMATHESIS} from PyPI:\n{result.stdout}{result.stderr}")
+    return st
+
+
 def haproxy_26_binary(install: bool) -> Path:
     if DEBIAN_HAPROXY.exists():
         return DEBIAN_HAPROXY
@@ -270,6 +291,7 @@ def install(fetch: bool = True) -> Components:
     apiserver = CACHE_DIR / "bin" / "haptic-apiserver"
     go_build("API server launcher (kube-apiserver + etcd)", ENV_DIR / "apiserver", ".", apiserver)
     haproxy = {"2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
+    schemathesis_binary(fetch)
     try:
         dataplaneapi, blocked = build_dataplaneapi(), None
     except DataplaneUnavailable as unavailable:
