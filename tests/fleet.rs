@@ -68,6 +68,9 @@ async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_af
     ensure!(pods["pods"][0]["uid"] == uid.0.as_str() && pods["pods"][0]["state"] == "Unknown", "{answer}");
     ensure!(pods["pods"][0]["lastError"].as_str().is_some_and(|e| e.contains("127.1.9.9:5555")), "{answer}");
     ensure!(!answer.contains("not-logged-anywhere"), "the API must never show the password");
+    let metrics = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    ensure!(metrics.contains("haptic_pods{state=\"Unknown\"} 1"), "{metrics}");
+    ensure!(metrics.contains("haptic_renders_total{outcome=\"ok\"}"), "{metrics}");
     let one: serde_json::Value =
         reqwest::get(format!("{api}/api/v1/pods/{namespace}/ghost?limit=2")).await?.json().await?;
     ensure!(one["transitions"].as_array().is_some_and(|t| t.len() == 2), "{one}");

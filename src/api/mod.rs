@@ -60,6 +60,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/config", get(config))
         .route("/api/v1/config/files/{*name}", get(config_file))
         .route("/api/v1/openapi.json", get(|| async { Json(openapi()) }))
+        .route("/metrics", get(metrics))
         .fallback(|uri: axum::http::Uri| async move {
             error(StatusCode::NOT_FOUND, format!("no such resource: {}", uri.path()))
         })
@@ -80,6 +81,22 @@ pub async fn bind(address: SocketAddr) -> std::io::Result<tokio::net::TcpListene
 
 fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({"error": message, "status": status.as_u16()}))).into_response()
+}
+
+async fn metrics(State(state): State<ApiState>) -> Response {
+    use crate::telemetry::metrics::{StateLabels, metrics};
+    let metrics = metrics();
+    if let Some(journal) = &state.journal {
+        metrics.pods.clear();
+        for pod in journal.pods().unwrap_or_default() {
+            metrics.pods.get_or_create(&StateLabels { state: pod.state.to_string() }).inc();
+        }
+        metrics.journal_bytes.set(i64::try_from(journal.size_on_disk()).unwrap_or(i64::MAX));
+        // No leader election yet (#6): a replica with a journal deploys.
+        metrics.leader.set(1);
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.encode())
+        .into_response()
 }
 
 async fn readyz(State(state): State<ApiState>) -> Response {
@@ -179,8 +196,8 @@ async fn pods(State(state): State<ApiState>) -> Response {
 /// Paging of a pod's transitions.
 #[derive(Deserialize)]
 struct Page {
-    /// Transitions after this sequence number.
-    after: Option<u64>,
+    /// Transitions after this sequence number (0 to i64::MAX, as the document says).
+    after: Option<i64>,
     /// At most this many (1 to 1000, default 50).
     limit: Option<usize>,
 }
@@ -194,6 +211,10 @@ async fn pod(
         Ok(page) => page,
         Err(rejection) => return error(StatusCode::BAD_REQUEST, format!("bad query: {}", rejection.body_text())),
     };
+    let after = page.after.unwrap_or(0);
+    if after < 0 {
+        return error(StatusCode::BAD_REQUEST, format!("after must be 0 or more, not {after}"));
+    }
     let limit = page.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
         return error(StatusCode::BAD_REQUEST, format!("limit must be between 1 and 1000, not {limit}"));
@@ -212,7 +233,7 @@ async fn pod(
     else {
         return error(StatusCode::NOT_FOUND, format!("no pod {namespace}/{name} is known"));
     };
-    match journal.transitions(&found.uid, page.after.unwrap_or(0), limit) {
+    match journal.transitions(&found.uid, after.unsigned_abs(), limit) {
         Ok(transitions) => {
             let next = (transitions.len() == limit).then(|| transitions.last().map(|t| t.seq)).flatten();
             let transitions: Vec<TransitionView> = transitions.iter().map(TransitionView::from).collect();
@@ -270,7 +291,8 @@ pub fn openapi() -> serde_json::Value {
                 "parameters": [
                     {"name": "namespace", "in": "path", "required": true, "schema": {"type": "string"}},
                     {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
-                    {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    {"name": "after", "in": "query", "schema": {"type": "integer", "format": "int64", "minimum": 0,
+                        "maximum": i64::MAX}},
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
                 "responses": {
                     "200": json_response("the pod and a page of its transitions", json!({"type": "object",
@@ -292,7 +314,9 @@ pub fn openapi() -> serde_json::Value {
                 "responses": {
                     "200": {"description": "the file", "content": {"text/plain": {"schema": {"type": "string"}}}},
                     "404": json_response("no such file", error.clone())}}},
-            "/api/v1/openapi.json": {"get": {"responses": {"200": json_response("this document", json!({"type": "object"}))}}}
+            "/api/v1/openapi.json": {"get": {"responses": {"200": json_response("this document", json!({"type": "object"}))}}},
+            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus metrics (docs/metrics.md)",
+                "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}}
         },
         "components": {"schemas": {
             "Error": {"type": "object", "required": ["error", "status"],
@@ -395,6 +419,9 @@ mod tests {
             ("/api/v1/pods/haptic/missing", 404),
             ("/api/v1/pods/haptic/haproxy-0?limit=0", 400),
             ("/api/v1/pods/haptic/haproxy-0?limit=many", 400),
+            // Found by schemathesis: the document says after is a non-negative int64.
+            ("/api/v1/pods/haptic/haproxy-0?after=-1", 400),
+            ("/api/v1/pods/haptic/haproxy-0?after=9223372036854775808", 400),
             ("/api/v1/config/files/none.map", 404),
             ("/readyz", 503),
         ] {

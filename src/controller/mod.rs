@@ -287,6 +287,16 @@ async fn render(
     let pods = active.watches.pods();
     let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &pods, max_left_out)).await;
     let elapsed = started.elapsed();
+    let metrics = crate::telemetry::metrics::metrics();
+    metrics.render_seconds.observe(elapsed.as_secs_f64());
+    let trigger = match triggers.first() {
+        Some(Trigger::Watch(Change::Pods)) => "pods",
+        Some(Trigger::Watch(_)) => "watch",
+        _ => "config",
+    };
+    metrics.reconciliations.get_or_create(&crate::telemetry::metrics::TriggerLabels { trigger }).inc();
+    let outcome = |outcome| crate::telemetry::metrics::OutcomeLabels { outcome };
+    metrics.renders.get_or_create(&outcome(if matches!(result, Ok(Ok(_))) { "ok" } else { "error" })).inc();
     let triggers: Vec<String> = triggers.iter().map(ToString::to_string).collect();
     match result {
         Ok(Ok((files, left_out))) => {

@@ -165,6 +165,7 @@ impl<A: PodActions> PodDriver<A> {
             Action::Validate | Action::Push | Action::RuntimePatch => self.deploy_slots.acquire().await.ok(),
             _ => None,
         };
+        let _timer = ActionTimer::start(action);
         let failed = |error: String| Event::ActionFailed { error };
         Some(match action {
             Action::Verify => match self.actions.verify(pod).await {
@@ -201,6 +202,7 @@ impl<A: PodActions> PodDriver<A> {
         if step.row.is_none() {
             return;
         }
+        count(event, &step);
         self.seq += 1;
         let record = JournaledPod {
             uid: self.target.uid.clone(),
@@ -238,6 +240,63 @@ impl<A: PodActions> PodDriver<A> {
         if step.to == State::InSync {
             *retry_at = None;
         }
+    }
+}
+
+/// Records a step in the metrics: transitions, deployments by kind and result, reloads, drift.
+fn count(event: &Event, step: &super::machine::Step) {
+    use crate::telemetry::metrics::{DeploymentLabels, TransitionLabels, metrics};
+    let metrics = metrics();
+    if step.from != step.to {
+        let labels = TransitionLabels { from: step.from.to_string(), to: step.to.to_string() };
+        metrics.transitions.get_or_create(&labels).inc();
+    }
+    let deployment = |kind, result| {
+        metrics.deployments.get_or_create(&DeploymentLabels { kind, result }).inc();
+    };
+    match (event, step.from, step.to) {
+        (Event::Pushed { .. }, _, _) => {
+            deployment("full", "ok");
+            metrics.reloads.inc();
+        }
+        (Event::RuntimePatched { .. }, _, _) => deployment("runtime", "ok"),
+        (Event::ActionFailed { .. }, State::Syncing, _) => deployment("full", "error"),
+        (Event::ActionFailed { .. }, State::RuntimePatching, _) => deployment("runtime", "error"),
+        (Event::DesiredChanged { .. }, State::InSync, State::InSync) => deployment("noop", "ok"),
+        (Event::Verified { .. }, State::InSync, State::Drifted) => {
+            metrics.drift_detections.inc();
+        }
+        _ => {}
+    }
+}
+
+/// Observes an action's duration when dropped.
+struct ActionTimer {
+    action: &'static str,
+    started: std::time::Instant,
+}
+
+impl ActionTimer {
+    fn start(action: Action) -> Self {
+        let action = match action {
+            Action::Verify => "verify",
+            Action::Validate => "validate",
+            Action::Push => "push",
+            Action::RuntimePatch => "runtime_patch",
+            Action::RestoreFiles => "restore_files",
+            Action::ScheduleRetry => "schedule_retry",
+        };
+        Self { action, started: std::time::Instant::now() }
+    }
+}
+
+impl Drop for ActionTimer {
+    fn drop(&mut self) {
+        let labels = crate::telemetry::metrics::ActionLabels { action: self.action };
+        crate::telemetry::metrics::metrics()
+            .action_seconds
+            .get_or_create(&labels)
+            .observe(self.started.elapsed().as_secs_f64());
     }
 }
 

@@ -1,4 +1,6 @@
-//! Telemetry: logging now; OpenTelemetry traces and Prometheus metrics in the operations issue (#6).
+//! Telemetry: logging, and Prometheus metrics ([`metrics`]); OpenTelemetry traces join in #6.
+
+pub mod metrics;
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;

@@ -428,6 +428,8 @@ impl AliasStream {
             };
             if let Some(change) = change {
                 debug!(alias = %self.alias, %change, "watched change");
+                let alias = crate::telemetry::metrics::AliasLabels { alias: self.alias.clone() };
+                crate::telemetry::metrics::metrics().watch_events.get_or_create(&alias).inc();
                 // Before the first sync nobody renders yet; the sync itself is reported.
                 if !first_sync && self.changes.send(change).await.is_err() {
                     return;

@@ -1,0 +1,176 @@
+//! Prometheus metrics: one process-wide registry, filled where things happen and encoded by the
+//! HTTP API on `/metrics`. Names and labels are listed in `docs/metrics.md`.
+
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `outcome` of a render.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `ok` or `error`.
+    pub outcome: &'static str,
+}
+
+/// What triggered a reconciliation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    /// `watch`, `pods` or `config`.
+    pub trigger: &'static str,
+}
+
+/// A watched alias.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AliasLabels {
+    /// The alias from `spec.watchedResources`.
+    pub alias: String,
+}
+
+/// A pod state transition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// The state before.
+    pub from: String,
+    /// The state after.
+    pub to: String,
+}
+
+/// A deployment to one pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeploymentLabels {
+    /// `full`, `runtime` or `noop`.
+    pub kind: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// An action on a pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// `verify`, `validate`, `push`, `runtime_patch`, `restore_files`.
+    pub action: &'static str,
+}
+
+/// A pod state, for the gauge of pods per state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// The state.
+    pub state: String,
+}
+
+/// Every metric haptic exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Renders by outcome.
+    pub renders: Family<OutcomeLabels, Counter>,
+    /// Render duration.
+    pub render_seconds: Histogram,
+    /// Reconciliations (coalesced batches of changes) by what triggered them.
+    pub reconciliations: Family<TriggerLabels, Counter>,
+    /// Watch events that changed a store, by alias.
+    pub watch_events: Family<AliasLabels, Counter>,
+    /// Pod state transitions.
+    pub transitions: Family<TransitionLabels, Counter>,
+    /// Deployments by kind and result.
+    pub deployments: Family<DeploymentLabels, Counter>,
+    /// HAProxy reloads caused (full deployments that completed).
+    pub reloads: Counter,
+    /// Drift found on a pod that was in sync.
+    pub drift_detections: Counter,
+    /// Action duration by action (validation durations among them).
+    pub action_seconds: Family<ActionLabels, Histogram>,
+    /// Pods per state, set when scraped.
+    pub pods: Family<StateLabels, Gauge>,
+    /// Journal size on disk, set when scraped.
+    pub journal_bytes: Gauge,
+    /// 1 while this replica may deploy.
+    pub leader: Gauge,
+}
+
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    // 1 ms to about 65 s.
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("haptic");
+        let metrics = Self {
+            renders: Family::default(),
+            render_seconds: Histogram::new(duration_buckets()),
+            reconciliations: Family::default(),
+            watch_events: Family::default(),
+            transitions: Family::default(),
+            deployments: Family::default(),
+            reloads: Counter::default(),
+            drift_detections: Counter::default(),
+            action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+            pods: Family::default(),
+            journal_bytes: Gauge::default(),
+            leader: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("renders", "Renders by outcome", metrics.renders.clone());
+        registry.register("render_duration_seconds", "Time to render every file", metrics.render_seconds.clone());
+        registry.register("reconciliations", "Coalesced reconciliations by trigger", metrics.reconciliations.clone());
+        registry.register(
+            "watch_events",
+            "Watched changes that changed a store, by alias",
+            metrics.watch_events.clone(),
+        );
+        registry.register("pod_transitions", "Pod state machine transitions", metrics.transitions.clone());
+        registry.register("deployments", "Deployments to pods by kind and result", metrics.deployments.clone());
+        registry.register("reloads", "HAProxy reloads caused by full deployments", metrics.reloads.clone());
+        registry.register(
+            "drift_detections",
+            "Pods found differing from what was pushed",
+            metrics.drift_detections.clone(),
+        );
+        registry.register("pod_action_duration_seconds", "Time of actions on pods", metrics.action_seconds.clone());
+        registry.register("pods", "Known HAProxy pods by state", metrics.pods.clone());
+        registry.register("journal_size_bytes", "Journal size on disk", metrics.journal_bytes.clone());
+        registry.register("leader", "1 while this replica deploys", metrics.leader.clone());
+        Self { registry, ..metrics }
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_exported_under_the_haptic_prefix() {
+        let m = metrics();
+        m.renders.get_or_create(&OutcomeLabels { outcome: "ok" }).inc();
+        m.action_seconds.get_or_create(&ActionLabels { action: "push" }).observe(0.02);
+        let text = m.encode();
+        for name in [
+            "haptic_renders_total{outcome=\"ok\"}",
+            "haptic_pod_action_duration_seconds_bucket",
+            "haptic_reloads_total",
+            "haptic_leader",
+        ] {
+            assert!(text.contains(name), "{name} missing:\n{text}");
+        }
+    }
+}
