@@ -42,7 +42,16 @@ async fn the_api_matches_its_openapi_document() -> Result<()> {
 
     let st = schemathesis()?;
     let output = Command::new(&st)
-        .args(["run", &format!("{api}/api/v1/openapi.json"), "--checks", "all", "--max-examples", "30", "--seed", "20261202"])
+        .args([
+            "run",
+            &format!("{api}/api/v1/openapi.json"),
+            "--checks",
+            "all",
+            "--max-examples",
+            "30",
+            "--seed",
+            "20261202",
+        ])
         .args(["--url", &api])
         .output()
         .context("running schemathesis")?;
