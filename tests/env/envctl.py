@@ -698,6 +698,11 @@ def cmd_restart_apiserver(args: argparse.Namespace) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         port = manifest["apiserver"]["url"].rsplit(":", 1)[1]
+        # The killed server's connections linger in the kernel for a moment; wait until the
+        # port can be bound again rather than race them.
+        deadline = time.monotonic() + 30
+        while port_in_use("127.0.0.1", int(port)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         apiserver_dir = state_dir / "apiserver"
         # The killed server left its kubeconfig; its reappearance is the readiness signal.
         with contextlib.suppress(FileNotFoundError):
