@@ -7,8 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use env::controller::{ControllerProcess, ensure_haptic_crd};
-use haptic::config::HAProxyTemplateConfig;
+use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -23,18 +22,17 @@ async fn the_api_matches_its_openapi_document() -> Result<()> {
     let secret = serde_json::from_value(json!({"metadata": {"name": "dataplane"},
         "stringData": {"dataplane_username": "admin", "dataplane_password": "x"}}))?;
     secrets.create(&PostParams::default(), &secret).await?;
-    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
-    let config = serde_json::from_value(json!({
-        "apiVersion": "haptic.dev/v1alpha1", "kind": "HAProxyTemplateConfig",
-        "metadata": {"name": "test", "namespace": namespace},
-        "spec": {
+    create_test_config(
+        &client,
+        &namespace,
+        json!({
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
             "watchedResources": {"services": {"apiVersion": "v1", "kind": "Service", "namespaces": [namespace]}},
             "dataplane": {"credentialsSecretRef": {"name": "dataplane"}},
             "templates": {"haproxyConfig": "global\n", "maps": {"host.map": "a b\n"}}
-        }
-    }))?;
-    configs.create(&PostParams::default(), &config).await?;
+        }),
+    )
+    .await?;
     let controller = ControllerProcess::start(env, &namespace, "test")?;
     let api = controller.api_url().await?;
     // Let the pods get journal records, so the pod routes have something to show.

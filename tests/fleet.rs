@@ -9,8 +9,7 @@ mod env;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use env::controller::{ControllerProcess, ensure_haptic_crd};
-use haptic::config::HAProxyTemplateConfig;
+use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
 use haptic::fleet::machine::State;
 use haptic::journal::{Journal, PodUid};
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -43,18 +42,17 @@ async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_af
                                    "conditions": [{"type": "Ready", "status": "True"}]}});
     pods.patch_status("ghost", &PatchParams::default(), &Patch::Merge(status)).await?;
 
-    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
-    let config = serde_json::from_value(json!({
-        "apiVersion": "haptic.dev/v1alpha1", "kind": "HAProxyTemplateConfig",
-        "metadata": {"name": "test", "namespace": namespace},
-        "spec": {
+    create_test_config(
+        &client,
+        &namespace,
+        json!({
             "podSelector": {"matchLabels": {"haptic.dev/test": "ghost"}},
             "watchedResources": {"services": {"apiVersion": "v1", "kind": "Service", "namespaces": [namespace]}},
             "dataplane": {"credentialsSecretRef": {"name": "dataplane"}},
             "templates": {"haproxyConfig": "global\n    maxconn 100\n"}
-        }
-    }))?;
-    configs.create(&PostParams::default(), &config).await?;
+        }),
+    )
+    .await?;
 
     let dir = tempfile::tempdir()?;
     let journal_dir = dir.path().join("journal");

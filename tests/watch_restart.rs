@@ -8,8 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use env::controller::{ControllerProcess, ensure_haptic_crd};
-use haptic::config::HAProxyTemplateConfig;
+use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -20,18 +19,12 @@ async fn watching_resumes_after_an_api_server_restart_without_spurious_renders()
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "apiserver-restart").await?;
-    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
-    let config = serde_json::from_value(json!({
-        "apiVersion": "haptic.dev/v1alpha1", "kind": "HAProxyTemplateConfig",
-        "metadata": {"name": "test", "namespace": namespace},
-        "spec": {
+    create_test_config(&client, &namespace, json!({
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
             "watchedResources": {"services": {"apiVersion": "v1", "kind": "Service", "namespaces": [namespace]}},
             "dataplane": {"debounce": {"window": "200ms", "maxDelay": "2s"}},
             "templates": {"haproxyConfig": "{% for s in resources.services %}service {{ s.metadata.name }}\n{% endfor %}"}
-        }
-    }))?;
-    configs.create(&PostParams::default(), &config).await?;
+        })).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
     let service = |name: &str| {
         serde_json::from_value::<Service>(json!({"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}}))

@@ -39,6 +39,22 @@ pub async fn ensure_crd(client: &kube::Client, crd: CustomResourceDefinition) ->
     }
 }
 
+/// Creates the HAProxyTemplateConfig `test` in `namespace` with this `spec`.
+pub async fn create_test_config(
+    client: &kube::Client,
+    namespace: &str,
+    spec: serde_json::Value,
+) -> Result<Api<HAProxyTemplateConfig>> {
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), namespace);
+    let config: HAProxyTemplateConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": "haptic.dev/v1alpha1", "kind": "HAProxyTemplateConfig",
+        "metadata": {"name": "test", "namespace": namespace},
+        "spec": spec
+    }))?;
+    configs.create(&kube::api::PostParams::default(), &config).await.context("creating the test configuration")?;
+    Ok(configs)
+}
+
 /// Installs haptic's own CRD.
 pub async fn ensure_haptic_crd(client: &kube::Client) -> Result<()> {
     ensure_crd(client, HAProxyTemplateConfig::crd()).await
