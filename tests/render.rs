@@ -15,6 +15,7 @@ use haptic::offline;
 use haptic::render::{RenderError, Renderer};
 use haptic::store::{FieldPath, ResourceStore, Stores};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use serde_json::Value as Json;
 
 fn repo() -> PathBuf {
@@ -95,7 +96,11 @@ fn synthetic_stores(config: &HAProxyTemplateConfig, objects: &[Json]) -> Stores 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig {
+        // Regressions live beside the source, not in a directory at the top of the project.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::with_cases(24)
+    })]
 
     /// Objects arriving in any order (and re-applied with new resourceVersions) give
     /// byte-identical files.

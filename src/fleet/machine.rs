@@ -381,6 +381,7 @@ pub fn mermaid() -> String {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+    use proptest::test_runner::FileFailurePersistence;
 
     use super::*;
 
@@ -484,7 +485,11 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig {
+        // Regressions live beside the source, not in a directory at the top of the project.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::with_cases(512)
+    })]
 
         /// Invariants over any sequence of events: InSync only with pushed = desired, and a
         /// Push only while the current desired has passed validation.

@@ -168,6 +168,7 @@ fn server_difference(backend: &str, was: &Server, is: &Server) -> Option<Vec<Run
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+    use proptest::test_runner::FileFailurePersistence;
 
     use super::*;
 
@@ -259,6 +260,12 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
     }
 
     proptest! {
+    #![proptest_config(ProptestConfig {
+        // Regressions live beside the source, not in a directory at the top of the project.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::with_cases(256)
+    })]
+
         /// Changing only addresses, ports, weights and states of the same servers is always a
         /// runtime plan whose actions, applied, give exactly the new attributes.
         #[test]

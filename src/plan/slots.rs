@@ -63,6 +63,7 @@ pub type Slots = BTreeMap<String, SlotTable>;
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+    use proptest::test_runner::FileFailurePersistence;
 
     use super::*;
 
@@ -98,6 +99,12 @@ mod tests {
     }
 
     proptest! {
+    #![proptest_config(ProptestConfig {
+        // Regressions live beside the source, not in a directory at the top of the project.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::with_cases(256)
+    })]
+
         /// Over any sequence of scaling steps: every endpoint has exactly one slot, an endpoint
         /// that stays keeps its slot, capacity is whole blocks and grows only when needed, and
         /// the order endpoints are listed in does not matter.

@@ -119,6 +119,7 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+    use proptest::test_runner::FileFailurePersistence;
 
     use super::*;
 
@@ -161,6 +162,12 @@ mod tests {
     }
 
     proptest! {
+    #![proptest_config(ProptestConfig {
+        // Regressions live beside the source, not in a directory at the top of the project.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::with_cases(256)
+    })]
+
         /// Whatever the change times, every change is rendered within max_delay of happening.
         #[test]
         fn no_change_waits_longer_than_max_delay(gaps in proptest::collection::vec(0u64..400, 1..60)) {
