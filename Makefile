@@ -29,7 +29,7 @@ test-unit:
 	cargo test --lib --bins
 
 test-env-scripts:
-	$(PYTHON) -m pytest -q tests/env/test_envctl.py
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/env/test_envctl.py
 
 # The integration tests share one environment, started here and always stopped afterwards.
 # Test files that need the Dataplane API run only when the environment could build it; when
