@@ -7,13 +7,12 @@ mod synthetic;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 use haptic::config::HAProxyTemplateConfig;
 use haptic::files::FileSet;
 use haptic::offline;
 use haptic::render::{RenderError, Renderer};
-use haptic::store::{FieldPath, ResourceStore, Stores};
+use haptic::store::Stores;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use serde_json::Value as Json;
@@ -83,16 +82,8 @@ fn example_output_passes_haproxy_check_with_its_maps_and_files() {
 }
 
 fn synthetic_stores(config: &HAProxyTemplateConfig, objects: &[Json]) -> Stores {
-    let mut stores = Stores::new();
-    for (alias, watched) in &config.spec.watched_resources {
-        let index_by = watched.index_by.iter().map(|p| FieldPath::parse(p).unwrap()).collect();
-        let mut store = ResourceStore::new(watched.kind.clone(), index_by);
-        for object in objects.iter().filter(|o| o["kind"] == watched.kind.as_str()) {
-            store.apply(object.clone()).unwrap();
-        }
-        stores.insert(alias.clone(), Arc::new(store));
-    }
-    stores
+    let sourced: Vec<(PathBuf, Json)> = objects.iter().map(|o| (PathBuf::from("synthetic"), o.clone())).collect();
+    offline::build_stores(&config.spec, &sourced).unwrap()
 }
 
 proptest! {

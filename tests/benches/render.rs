@@ -10,13 +10,12 @@ mod synthetic;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use haptic::config::HAProxyTemplateConfig;
 use haptic::render::Renderer;
-use haptic::store::{FieldPath, ResourceStore, Stores};
+use haptic::store::Stores;
 
 /// Counts live heap bytes so the stores' footprint can be measured.
 struct CountingAllocator;
@@ -49,16 +48,8 @@ fn example_config() -> HAProxyTemplateConfig {
 }
 
 fn stores_for(config: &HAProxyTemplateConfig, objects: &[serde_json::Value]) -> Stores {
-    let mut stores = Stores::new();
-    for (alias, watched) in &config.spec.watched_resources {
-        let index_by = watched.index_by.iter().map(|p| FieldPath::parse(p).expect("index path")).collect();
-        let mut store = ResourceStore::new(watched.kind.clone(), index_by);
-        for object in objects.iter().filter(|o| o["kind"] == watched.kind.as_str()) {
-            store.apply(object.clone()).expect("stored");
-        }
-        stores.insert(alias.clone(), Arc::new(store));
-    }
-    stores
+    let sourced: Vec<_> = objects.iter().map(|o| (PathBuf::from("synthetic"), o.clone())).collect();
+    haptic::offline::build_stores(&config.spec, &sourced).expect("stores build")
 }
 
 fn render(c: &mut Criterion) {
