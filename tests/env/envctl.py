@@ -46,6 +46,8 @@ DATAPLANE_PORT = 5555
 APISERVER_BASE_PORT = 16443
 HAPROXY_HTTP_PORT = 8080
 BACKEND_PORT = 8080
+# The OpenTelemetry Collector's standard OTLP ports, on the environment's own loopback address.
+OTLP_PORTS = {4317: "gRPC", 4318: "HTTP"}
 DATAPLANE_USER = "admin"
 DEFAULT_NAMESPACE = "haptic-env"
 POD_LABELS = {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/part-of": "haptic-env"}
@@ -234,6 +236,7 @@ DATAPLANEAPI_TAG = "v3.2.7"
 @dataclass
 class Components:
     apiserver: Path
+    otelcol: Path
     haproxy: dict[str, Path]
     dataplaneapi: Path | None
     # Why the Dataplane API is missing, when it is: the environment still starts without it.
@@ -291,6 +294,8 @@ def install(fetch: bool = True) -> Components:
     """Makes every component available, building or fetching only what the cache lacks."""
     apiserver = CACHE_DIR / "bin" / "haptic-apiserver"
     go_build("API server launcher (kube-apiserver + etcd)", ENV_DIR / "apiserver", ".", apiserver)
+    otelcol = CACHE_DIR / "bin" / "haptic-otelcol"
+    go_build("OpenTelemetry Collector (OTLP receiver, file exporter)", ENV_DIR / "otelcol", ".", otelcol)
     haproxy = {"2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
     schemathesis_binary(fetch)
     try:
@@ -298,7 +303,7 @@ def install(fetch: bool = True) -> Components:
     except DataplaneUnavailable as unavailable:
         dataplaneapi, blocked = None, str(unavailable)
         log(f"BLOCKED: HAProxy Dataplane API unavailable: {blocked}")
-    return Components(apiserver=apiserver, haproxy=haproxy, dataplaneapi=dataplaneapi,
+    return Components(apiserver=apiserver, otelcol=otelcol, haproxy=haproxy, dataplaneapi=dataplaneapi,
                       dataplaneapi_blocked=blocked)
 
 
@@ -520,6 +525,21 @@ def start_backends(sup: Supervisor, addresses: list[str], ready_timeout: float) 
     return backends
 
 
+def start_otelcol(sup: Supervisor, binary: Path, ip: str, ready_timeout: float) -> dict:
+    """Starts the OpenTelemetry Collector; traces it receives land in a file, one batch a line."""
+    work = sup.state_dir / "otelcol"
+    work.mkdir(parents=True, exist_ok=True)
+    traces = work / "traces.jsonl"
+    config = work / "otelcol.yaml"
+    config.write_text(render_template("otelcol.yaml", {"ADDRESS": ip, "TRACES_FILE": str(traces)}))
+    log_path = work / "otelcol.log"
+    proc = sup.start("otelcol", [str(binary), "--config", str(config)], log_path)
+    wait_until(f"OpenTelemetry Collector ({ip})", log_path,
+               lambda: all(tcp_answers(ip, port) for port in OTLP_PORTS), ready_timeout, proc)
+    return {"grpc_endpoint": f"http://{ip}:4317", "http_endpoint": f"http://{ip}:4318",
+            "traces_file": str(traces), "log": str(log_path)}
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -554,9 +574,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         net = args.net
         pod_ips = [f"127.{net}.0.{2 + i}" for i in range(args.pods)]
         backend_ips = [f"127.{net}.1.{1 + i}" for i in range(args.backends)]
+        otlp_ip = f"127.{net}.2.1"
         wanted = [(ip, DATAPLANE_PORT, f"pod haproxy-{i} Dataplane API") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, HAPROXY_HTTP_PORT, f"pod haproxy-{i} HAProxy") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, BACKEND_PORT, f"backend-{i}") for i, ip in enumerate(backend_ips)]
+        wanted += [(otlp_ip, port, f"OpenTelemetry Collector OTLP/{proto}") for port, proto in OTLP_PORTS.items()]
         if not args.apiserver_port:
             # Below the kernel's ephemeral range (32768+): a restart must get its port back, and
             # an ephemeral port freed by a killed server can be taken at once by some client.
@@ -566,7 +588,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         components = install(fetch=not args.no_install)
         check_versions(args.haproxy_versions.split(","), components)
 
-        for stale in ("pods", "apiserver", "env.json", "backends.log"):
+        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol"):
             path = state_dir / stale
             if path.is_dir():
                 shutil.rmtree(path)
@@ -575,7 +597,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         sup = Supervisor(state_dir)
         try:
-            manifest = bring_up(sup, components, args, pod_ips, backend_ips)
+            manifest = bring_up(sup, components, args, pod_ips, backend_ips, otlp_ip)
         except BaseException:
             left = stop_processes(state_dir)
             if left:
@@ -589,7 +611,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, pod_ips: list[str],
-             backend_ips: list[str]) -> dict:
+             backend_ips: list[str], otlp_ip: str) -> dict:
     state_dir = sup.state_dir
     apiserver_dir = state_dir / "apiserver"
     kubeconfig = apiserver_dir / "kubeconfig"
@@ -600,6 +622,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
     password = secrets.token_hex(12)
     versions = args.haproxy_versions.split(",")
     backends = start_backends(sup, backend_ips, args.ready_timeout)
+    otlp = start_otelcol(sup, components.otelcol, otlp_ip, args.ready_timeout)
     pods = [start_pod(sup, i, ip, versions[i % len(versions)], components, password, args.ready_timeout)
             for i, ip in enumerate(pod_ips)]
     wait_until("kube-apiserver (with embedded etcd)", apiserver_log, kubeconfig.exists, args.ready_timeout, apiserver)
@@ -619,6 +642,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
                       "blocked_reason": components.dataplaneapi_blocked},
         "pods": pods,
         "backends": backends,
+        "otlp": otlp,
     }
 
 
@@ -650,6 +674,8 @@ def print_summary(manifest: dict) -> None:
               f"{where}  (dir {pod['dir']})")
     for backend in manifest["backends"]:
         print(f"backend {backend['name']}: http://{backend['ip']}:{backend['port']}")
+    otlp = manifest["otlp"]
+    print(f"otlp:        OTEL_EXPORTER_OTLP_ENDPOINT={otlp['http_endpoint']} (traces in {otlp['traces_file']})")
     if "startup_seconds" in manifest:
         print(f"started in {manifest['startup_seconds']}s; stop with `make env-down`")
 
