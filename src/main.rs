@@ -7,7 +7,7 @@ use haptic::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    haptic::telemetry::init_logging(cli.log_format);
+    let _telemetry = haptic::telemetry::init(cli.log_format);
     haptic::tls::install_crypto_provider();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,

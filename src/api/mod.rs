@@ -117,6 +117,10 @@ struct TransitionView {
     to: String,
     reason: String,
     error: Option<String>,
+    /// The leader term of the replica that wrote it.
+    term: u64,
+    /// The trace of the reconciliation it belongs to, to look up in the tracing backend.
+    trace_id: Option<String>,
 }
 
 impl From<&TransitionEntry> for TransitionView {
@@ -129,6 +133,8 @@ impl From<&TransitionEntry> for TransitionView {
             to: entry.to.to_string(),
             reason: entry.reason.clone(),
             error: entry.error.clone(),
+            term: entry.term.0,
+            trace_id: entry.trace_id.map(|id| id.to_string()),
         }
     }
 }
@@ -323,9 +329,11 @@ pub fn openapi() -> serde_json::Value {
                       "properties": {"error": {"type": "string"}, "status": {"type": "integer"}}},
             "Checksum": {"type": "object", "required": ["name", "checksum"],
                          "properties": {"name": {"type": "string"}, "checksum": {"type": "string"}}},
-            "Transition": {"type": "object", "required": ["seq", "at", "from", "to", "reason"], "properties": {
+            "Transition": {"type": "object", "required": ["seq", "at", "from", "to", "reason", "term"], "properties": {
                 "seq": {"type": "integer"}, "at": {"type": "string"}, "from": {"type": "string"},
-                "to": {"type": "string"}, "reason": {"type": "string"}, "error": {"type": "string", "nullable": true}}},
+                "to": {"type": "string"}, "reason": {"type": "string"}, "error": {"type": "string", "nullable": true},
+                "term": {"type": "integer", "minimum": 0},
+                "traceId": {"type": "string", "nullable": true, "pattern": "^[0-9a-f]{32}$"}}},
             "Pod": {"type": "object", "required": ["namespace", "name", "uid", "state", "lastTransition"], "properties": {
                 "namespace": {"type": "string"}, "name": {"type": "string"}, "uid": {"type": "string"},
                 "state": {"type": "string", "enum": ["Unknown", "Validating", "Syncing", "RuntimePatching", "InSync", "Drifted"]},
@@ -373,6 +381,8 @@ mod tests {
                         to: PodState::InSync,
                         reason: "Pushed".into(),
                         error: None,
+                        term: crate::journal::LeaderTerm::default(),
+                        trace_id: None,
                     },
                 })
                 .unwrap();

@@ -13,12 +13,14 @@ use crate::config::HAProxyTemplateConfigSpec;
 use crate::dataplane::Credentials;
 use crate::files::FileSet;
 use crate::fleet::{DataplaneActions, Desired, DriverSettings, PodTarget, supervisor};
-use crate::journal::{Journal, PodUid};
+use crate::journal::{Journal, LeaderTerm, PodUid};
 use crate::render::PodInfo;
+use crate::telemetry::traces::TraceParent;
 
 /// The running fleet.
 pub(crate) struct Deployer {
     journal: Arc<Journal>,
+    term: LeaderTerm,
     fleet: Option<Fleet>,
 }
 
@@ -30,8 +32,9 @@ struct Fleet {
 }
 
 impl Deployer {
-    pub(crate) fn new(journal: Arc<Journal>) -> Self {
-        Self { journal, fleet: None }
+    /// A fleet journaling in `journal`, deploying in leader term `term`.
+    pub(crate) fn new(journal: Arc<Journal>, term: LeaderTerm) -> Self {
+        Self { journal, term, fleet: None }
     }
 
     /// Hands a successful render and the current pods to the fleet, starting it on first use.
@@ -41,6 +44,7 @@ impl Deployer {
         credentials: &Credentials,
         files: FileSet,
         pods: &[PodInfo],
+        trace: Option<TraceParent>,
     ) {
         let port = spec.dataplane.port;
         let targets: Vec<PodTarget> = pods
@@ -52,7 +56,7 @@ impl Deployer {
                 endpoint: endpoint(&pod.ip, port),
             })
             .collect();
-        let desired = Arc::new(Desired::new(files));
+        let desired = Arc::new(Desired::new(files).traced(trace));
         match &self.fleet {
             Some(fleet) => {
                 fleet.actions.set_credentials(credentials.clone());
@@ -61,7 +65,8 @@ impl Deployer {
             }
             None => {
                 let actions = Arc::new(DataplaneActions::new(credentials.clone()));
-                let settings = DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get() };
+                let settings =
+                    DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get(), term: self.term };
                 let (pods_tx, pods_rx) = watch::channel(targets);
                 let (desired_tx, desired_rx) = watch::channel(desired);
                 let max_parallel = spec.dataplane.max_parallel as usize;

@@ -18,11 +18,14 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use thiserror::Error;
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::field::Empty;
+use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::validate::problems;
 use crate::config::{HAProxyTemplateConfig, HAProxyTemplateConfigSpec};
+use crate::journal::LeaderTerm;
 use crate::render::Renderer;
+use crate::telemetry::traces::TraceParent;
 use crate::watch::debounce::{self, DebounceSettings};
 use crate::watch::{Change, Watches};
 
@@ -124,7 +127,7 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
         }
         None => None,
     };
-    let mut deployer = journal.clone().map(deploy::Deployer::new);
+    let mut deployer = journal.clone().map(|journal| deploy::Deployer::new(journal, LeaderTerm::default()));
     let api = crate::api::ApiState { journal, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
         Some(address) => {
@@ -180,11 +183,14 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
             }
             Some(triggers) = render_rx.recv() => {
                 let Some(active) = &active else { continue };
-                let Some(files) = render(active, triggers, &sink, options.max_left_out).await else { continue };
+                let span = reconcile_span(&triggers, active.generation);
+                let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
+                let Some(files) = rendered else { continue };
                 api.set_render(active.generation, Arc::new(files.clone()));
                 if let Some(deployer) = deployer.as_mut() {
+                    let trace = TraceParent::of(&span);
                     match &active.credentials {
-                        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods()),
+                        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods(), trace),
                         None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
                     }
                 }
@@ -274,6 +280,33 @@ async fn activate(
     Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches, credentials })
 }
 
+/// The root span of one reconciliation: what triggered it (the first change names the
+/// object; the count says how many changes the debouncer coalesced).
+fn reconcile_span(triggers: &[Trigger], generation: i64) -> tracing::Span {
+    let span = info_span!(
+        "reconcile",
+        haptic.trigger = Empty,
+        haptic.trigger.count = triggers.len(),
+        haptic.config.generation = generation,
+        k8s.resource.kind = Empty,
+        k8s.namespace.name = Empty,
+        k8s.resource.name = Empty,
+    );
+    match triggers.first() {
+        Some(Trigger::Watch(Change::Applied(object) | Change::Deleted(object))) => {
+            span.record("haptic.trigger", tracing::field::display(&triggers[0]));
+            span.record("k8s.resource.kind", object.kind.as_str());
+            span.record("k8s.namespace.name", object.key.namespace.as_str());
+            span.record("k8s.resource.name", object.key.name.as_str());
+        }
+        Some(trigger) => {
+            span.record("haptic.trigger", tracing::field::display(trigger));
+        }
+        None => {}
+    }
+    span
+}
+
 /// Renders the active configuration from the current stores, off the async threads.
 async fn render(
     active: &Active,
@@ -285,7 +318,30 @@ async fn render(
     let stores = active.watches.snapshot();
     let started = std::time::Instant::now();
     let pods = active.watches.pods();
-    let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &pods, max_left_out)).await;
+    let span = info_span!(
+        "render",
+        haptic.files = Empty,
+        haptic.left_out = Empty,
+        otel.status_code = Empty,
+        otel.status_message = Empty
+    );
+    let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &pods, max_left_out))
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(Ok((files, left_out))) => {
+            span.record("haptic.files", files.entries().count());
+            span.record("haptic.left_out", left_out.len());
+        }
+        Ok(Err(error)) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_message", tracing::field::display(error));
+        }
+        Err(_) => {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    drop(span);
     let elapsed = started.elapsed();
     let metrics = crate::telemetry::metrics::metrics();
     metrics.render_seconds.observe(elapsed.as_secs_f64());

@@ -397,12 +397,36 @@ impl DataplaneClient {
         method: Method,
         path: &str,
     ) -> Result<reqwest::Response, DataplaneError> {
-        let response = request.send().await.map_err(|source| DataplaneError::Unreachable {
-            endpoint: self.endpoint.to_string(),
-            method: method.clone(),
-            path: path.to_owned(),
-            source,
-        })?;
+        // One span per call: method, path and answer, never the credentials or the body.
+        let span = tracing::info_span!(
+            "dataplane request",
+            http.request.method = %method,
+            server.address = %self.endpoint,
+            url.full = %self.endpoint.join(path),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
+        let sent = tracing::Instrument::instrument(request.send(), span.clone()).await;
+        let response = match sent {
+            Ok(response) => {
+                span.record("http.response.status_code", response.status().as_u16());
+                if response.status().is_server_error() || response.status() == StatusCode::UNAUTHORIZED {
+                    span.record("otel.status_code", "ERROR");
+                }
+                response
+            }
+            Err(source) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_message", tracing::field::display(&source));
+                return Err(DataplaneError::Unreachable {
+                    endpoint: self.endpoint.to_string(),
+                    method: method.clone(),
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
         if response.status() == StatusCode::UNAUTHORIZED {
             return Err(DataplaneError::Unauthorized {
                 endpoint: self.endpoint.to_string(),

@@ -14,11 +14,13 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
-use tracing::{error, info, warn};
+use tracing::field::Empty;
+use tracing::{Instrument, error, info, info_span, warn};
 
 use super::machine::{Action, Event, FileChecksums, PodMachine, State};
 use crate::files::FileSet;
-use crate::journal::{Journal, JournaledPod, PodUid, TransitionEntry};
+use crate::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+use crate::telemetry::traces::{TraceParent, trace_id_of};
 
 /// The pod a driver works on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,13 +42,24 @@ pub struct Desired {
     pub files: Arc<FileSet>,
     /// Their checksums, as the machine compares them.
     pub checksums: FileChecksums,
+    /// The reconciliation that rendered them, whose trace the pods' work joins.
+    pub trace: Option<TraceParent>,
 }
 
 impl Desired {
     /// Wraps a render.
     pub fn new(files: FileSet) -> Self {
         let checksums = files.entries().map(|(name, file)| (name, file.checksum)).collect();
-        Self { files: Arc::new(files), checksums }
+        Self { files: Arc::new(files), checksums, trace: None }
+    }
+
+    /// The same render, traced under `trace`.
+    pub fn traced(self, trace: Option<TraceParent>) -> Self {
+        Self { trace, ..self }
+    }
+
+    fn main_checksum(&self) -> String {
+        self.checksums.iter().find(|(name, _)| name == "haproxy.cfg").map(|(_, c)| c.to_string()).unwrap_or_default()
     }
 }
 
@@ -83,6 +96,9 @@ pub trait PodActions: Send + Sync + 'static {
 pub struct DriverSettings {
     /// How often an InSync pod is checked for drift.
     pub drift_interval: Duration,
+    /// The leader term this replica deploys in (0 without leader election); journal records
+    /// of another term are not trusted until the pod confirms them.
+    pub term: LeaderTerm,
 }
 
 /// Drives one pod until `stop` turns true.
@@ -95,6 +111,21 @@ pub struct PodDriver<A: PodActions> {
     deploy_slots: Arc<Semaphore>,
     settings: DriverSettings,
     desired: Arc<Desired>,
+    /// The span of the work in progress: one event and the actions it led to.
+    span: tracing::Span,
+}
+
+/// What started a burst of work on a pod, as traces name it.
+#[derive(Clone, Copy, Debug)]
+enum Cause {
+    /// The driver started (controller start, new pod, or regained leadership).
+    Start,
+    /// A new render.
+    DesiredChanged,
+    /// A retry after a failure.
+    Retry,
+    /// The periodic drift check: a trace of its own.
+    DriftCheck,
 }
 
 impl<A: PodActions> PodDriver<A> {
@@ -111,9 +142,40 @@ impl<A: PodActions> PodDriver<A> {
             warn!(pod = %target.name, uid = %target.uid, %error, "journal record unreadable; verifying from scratch");
             None
         });
-        let (pushed, seq) = record.map(|r| (r.pushed, r.last_transition.seq)).unwrap_or((None, 0));
+        let (pushed, seq) = match record {
+            Some(record) if record.last_transition.term == settings.term => (record.pushed, record.last_transition.seq),
+            Some(record) => {
+                info!(pod = %target.name, uid = %target.uid, record_term = %record.last_transition.term,
+                      term = %settings.term, "journal record from another leader term: verifying the pod before trusting it");
+                (None, record.last_transition.seq)
+            }
+            None => (None, 0),
+        };
         let machine = PodMachine::new(desired.checksums.clone(), pushed);
-        Self { target, machine, seq, journal, actions, deploy_slots, settings, desired }
+        Self { target, machine, seq, journal, actions, deploy_slots, settings, desired, span: tracing::Span::none() }
+    }
+
+    /// Opens the span of a new burst of work, in the trace of the render it serves (a drift
+    /// check starts a trace of its own).
+    fn begin(&mut self, cause: Cause) {
+        let span = info_span!(
+            "pod",
+            k8s.namespace.name = %self.target.namespace,
+            k8s.pod.name = %self.target.name,
+            k8s.pod.uid = %self.target.uid,
+            haptic.cause = ?cause,
+            haptic.decision = Empty,
+            haptic.state = Empty,
+            haptic.desired.checksum = %self.desired.main_checksum(),
+            otel.status_code = Empty,
+            otel.status_message = Empty,
+        );
+        if !matches!(cause, Cause::DriftCheck)
+            && let Some(parent) = &self.desired.trace
+        {
+            parent.adopt(&span);
+        }
+        self.span = span;
     }
 
     /// The machine, for inspection.
@@ -126,46 +188,64 @@ impl<A: PodActions> PodDriver<A> {
         let mut pending: VecDeque<Action> = VecDeque::from([Action::Verify]);
         let mut retry_at: Option<Instant> = None;
         let mut drift_at = Instant::now() + self.settings.drift_interval;
+        self.begin(Cause::Start);
         loop {
             if *stop.borrow() {
                 return;
             }
             // One action at a time; its result is the next event.
             if let Some(action) = pending.pop_front() {
-                if let Some(event) = self.perform(action).await {
-                    self.apply(&event, &mut pending, &mut retry_at).await;
+                let span = self.span.clone();
+                if let Some(event) = self.perform(action).instrument(span.clone()).await {
+                    self.apply(&event, &mut pending, &mut retry_at).instrument(span).await;
                 }
                 continue;
             }
-            let event = tokio::select! {
+            // Nothing left to do for this burst: its span ends here.
+            self.span = tracing::Span::none();
+            let (event, cause) = tokio::select! {
                 changed = desired.changed() => {
                     if changed.is_err() { return; }
                     self.desired = desired.borrow_and_update().clone();
-                    Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only: false }
+                    let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only: false };
+                    (event, Cause::DesiredChanged)
                 }
                 _ = sleep_until(retry_at), if retry_at.is_some() => {
                     retry_at = None;
-                    Event::RetryDue
+                    (Event::RetryDue, Cause::Retry)
                 }
                 _ = tokio::time::sleep_until(drift_at) => {
                     drift_at = Instant::now() + self.settings.drift_interval;
-                    Event::DriftTick
+                    (Event::DriftTick, Cause::DriftCheck)
                 }
                 _ = stop.changed() => return,
             };
-            self.apply(&event, &mut pending, &mut retry_at).await;
+            self.begin(cause);
+            let span = self.span.clone();
+            self.apply(&event, &mut pending, &mut retry_at).instrument(span).await;
         }
     }
 
     async fn perform(&self, action: Action) -> Option<Event> {
-        let pod = &self.target;
-        let desired = &self.desired;
         // Deployments of different pods run in parallel up to maxParallel; a verification is cheap.
         let _slot = match action {
             Action::Validate | Action::Push | Action::RuntimePatch => self.deploy_slots.acquire().await.ok(),
             _ => None,
         };
-        let _timer = ActionTimer::start(action);
+        let timer = ActionTimer::start(action);
+        let span =
+            info_span!("action", otel.name = timer.action, otel.status_code = Empty, otel.status_message = Empty);
+        let event = self.act(action).instrument(span.clone()).await;
+        if let Some(Event::ActionFailed { error } | Event::ValidationRejected { error }) = &event {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_message", error.as_str());
+        }
+        event
+    }
+
+    async fn act(&self, action: Action) -> Option<Event> {
+        let pod = &self.target;
+        let desired = &self.desired;
         let failed = |error: String| Event::ActionFailed { error };
         Some(match action {
             Action::Verify => match self.actions.verify(pod).await {
@@ -203,6 +283,7 @@ impl<A: PodActions> PodDriver<A> {
             return;
         }
         count(event, &step);
+        self.trace_step(event, &step);
         self.seq += 1;
         let record = JournaledPod {
             uid: self.target.uid.clone(),
@@ -218,6 +299,8 @@ impl<A: PodActions> PodDriver<A> {
                 to: step.to,
                 reason: format!("{:?}", event.kind()),
                 error: self.machine.last_error.clone(),
+                term: self.settings.term,
+                trace_id: trace_id_of(&self.span),
             },
         };
         if let Err(error) = self.journal.commit(&record) {
@@ -239,6 +322,39 @@ impl<A: PodActions> PodDriver<A> {
         }
         if step.to == State::InSync {
             *retry_at = None;
+        }
+    }
+}
+
+impl<A: PodActions> PodDriver<A> {
+    /// Records a step on the span of the work in progress: the decision it took, the state it
+    /// reached, what was pushed, and a failure as the span's error.
+    fn trace_step(&self, event: &Event, step: &super::machine::Step) {
+        let span = &self.span;
+        let decision = match (event, step.from, step.to) {
+            (Event::DesiredChanged { .. }, State::InSync, State::InSync) => Some("noop"),
+            (_, _, State::RuntimePatching) if step.from != State::RuntimePatching => Some("runtime"),
+            (_, _, State::Validating | State::Drifted) if step.from == State::Unknown || step.from == State::InSync => {
+                Some("full")
+            }
+            (Event::Verified { .. }, State::Unknown, State::InSync) => Some("noop"),
+            _ => None,
+        };
+        if let Some(decision) = decision {
+            span.record("haptic.decision", decision);
+        }
+        span.record("haptic.state", tracing::field::display(step.to));
+        match event {
+            Event::ActionFailed { error } | Event::ValidationRejected { error } => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_message", error.as_str());
+            }
+            Event::Pushed { .. } | Event::RuntimePatched { .. } | Event::Verified { .. }
+                if step.to == State::InSync =>
+            {
+                span.record("otel.status_code", "OK");
+            }
+            _ => {}
         }
     }
 }
@@ -272,6 +388,7 @@ fn count(event: &Event, step: &super::machine::Step) {
 
 /// Observes an action's duration when dropped.
 struct ActionTimer {
+    /// The action's name, in metrics and spans.
     action: &'static str,
     started: std::time::Instant,
 }
@@ -414,7 +531,7 @@ mod tests {
         seed(&journal);
         let journal = Arc::new(journal);
         let fake = FakePod::new(journal.clone(), runs);
-        let settings = DriverSettings { drift_interval: Duration::from_secs(60) };
+        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
         let driver = PodDriver::new(
             target(),
             journal.clone(),
@@ -479,6 +596,8 @@ mod tests {
                             to: State::InSync,
                             reason: "Pushed".into(),
                             error: None,
+                            term: LeaderTerm::default(),
+                            trace_id: None,
                         },
                     })
                     .unwrap()

@@ -326,7 +326,14 @@ impl PodMachine {
                 self.desired = desired.clone();
                 self.runtime_only = *runtime_only;
             }
-            Event::Verified { observed } => self.observed = observed.clone(),
+            Event::Verified { observed } => {
+                self.observed = observed.clone();
+                // A pod found running exactly the desired files has been given them, whoever
+                // pushed them (another replica, an earlier term): nothing to redeploy.
+                if observed.as_ref() == Some(&self.desired) {
+                    self.pushed = observed.clone();
+                }
+            }
             Event::Pushed { pushed } | Event::RuntimePatched { pushed } => {
                 self.pushed = Some(pushed.clone());
                 self.observed = Some(pushed.clone());
@@ -402,6 +409,17 @@ mod tests {
         let mut pod = PodMachine::new(files(1), Some(files(1)));
         let step = pod.step(&Event::Verified { observed: Some(files(1)) });
         assert_eq!((step.to, step.actions), (InSync, vec![]));
+    }
+
+    #[test]
+    fn a_pod_already_running_the_desired_files_is_adopted_without_a_push() {
+        // A new leader with no record of the pod (or one from an older term): the pod is the truth.
+        let mut pod = PodMachine::new(files(1), None);
+        let step = pod.step(&Event::Verified { observed: Some(files(1)) });
+        assert_eq!((step.to, step.actions), (InSync, vec![]));
+        assert_eq!(pod.pushed, Some(files(1)));
+        let mut stale = PodMachine::new(files(1), Some(files(7)));
+        assert_eq!(stale.step(&Event::Verified { observed: Some(files(1)) }).to, InSync);
     }
 
     #[test]

@@ -74,6 +74,7 @@ mod tests {
     use crate::files::{FileSet, RenderedFile};
     use crate::fleet::driver::Validation;
     use crate::fleet::machine::{FileChecksums, State};
+    use crate::journal::LeaderTerm;
 
     /// Scripted pods by UID: each runs what was last pushed to it; some fail, some are slow.
     #[derive(Default)]
@@ -146,7 +147,7 @@ mod tests {
         let (pods_tx, pods_rx) =
             watch::channel(vec![pod("slow", "haproxy-0"), pod("down", "haproxy-1"), pod("ok", "haproxy-2")]);
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings { drift_interval: Duration::from_secs(60) };
+        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
 
         until(&journal, "the healthy pod in sync", |j| state(j, "ok") == Some(State::InSync)).await;

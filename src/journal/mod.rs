@@ -23,9 +23,10 @@ use tracing::{error, info};
 use crate::dataplane::ConfigVersion;
 use crate::files::Checksum;
 use crate::fleet::machine::{FileChecksums, State};
+use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
-use records::{MetaV1, PodRecordV1, TransitionRecordV1, state_code, state_from_code};
+use records::{MetaV1, PodRecordV1, PodRecordV2, TransitionRecordV1, TransitionRecordV2, state_code, state_from_code};
 
 /// A pod's identity: its UID. A pod recreated under the same name is a new pod.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,6 +35,17 @@ pub struct PodUid(pub String);
 impl fmt::Display for PodUid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// The leader term of the replica that wrote a record: each new lease holder gets a higher
+/// one. 0 means written without leader election.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaderTerm(pub u64);
+
+impl fmt::Display for LeaderTerm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }
 
@@ -52,6 +64,10 @@ pub struct TransitionEntry {
     pub reason: String,
     /// The failure it recorded, if any.
     pub error: Option<String>,
+    /// The leader term of the replica that wrote it.
+    pub term: LeaderTerm,
+    /// The trace of the reconciliation it belongs to, when traces are exported.
+    pub trace_id: Option<TraceId>,
 }
 
 /// A pod as the journal knows it.
@@ -122,6 +138,8 @@ pub struct OpenReport {
     pub moved_aside: Option<(PathBuf, String)>,
     /// How many pods the journal knows.
     pub pods: usize,
+    /// The older schema the journal was upgraded from on this open, if any.
+    pub upgraded_from: Option<u16>,
 }
 
 /// The open journal.
@@ -144,10 +162,10 @@ impl Journal {
     /// fresh one is opened in its place.
     pub fn open(dir: &Path, retention: u64) -> Result<(Self, OpenReport), JournalError> {
         match Self::open_checked(dir, retention) {
-            Ok(journal) => {
+            Ok((journal, upgraded_from)) => {
                 let pods = journal.pods.len();
-                info!(dir = %dir.display(), pods, "journal opened");
-                Ok((journal, OpenReport { moved_aside: None, pods }))
+                info!(dir = %dir.display(), pods, schema = SCHEMA_VERSION, ?upgraded_from, "journal opened");
+                Ok((journal, OpenReport { moved_aside: None, pods, upgraded_from }))
             }
             // Not being able to open the store at all (another process holds its lock, the disk
             // is gone) is not a bad journal: moving it aside could throw away a live one.
@@ -163,7 +181,7 @@ impl Journal {
                 })?;
                 error!(dir = %dir.display(), moved_to = %aside.display(), reason = %why,
                        "journal unreadable: moved aside; starting a fresh one, every pod will be verified");
-                let journal = Self::open_checked(dir, retention).map_err(|e| match e {
+                let (journal, _) = Self::open_checked(dir, retention).map_err(|e| match e {
                     OpenFailure::Store(error) => error,
                     other => JournalError::Record {
                         dir: dir.to_owned(),
@@ -171,12 +189,13 @@ impl Journal {
                         source: CodecError::Encode { kind: RecordKind::Meta, detail: other.to_string() },
                     },
                 })?;
-                Ok((journal, OpenReport { moved_aside: Some((aside, why)), pods: 0 }))
+                Ok((journal, OpenReport { moved_aside: Some((aside, why)), pods: 0, upgraded_from: None }))
             }
         }
     }
 
-    fn open_checked(dir: &Path, retention: u64) -> Result<Self, OpenFailure> {
+    /// Opens the store, checks its schema and every pod record, and upgrades an older schema.
+    fn open_checked(dir: &Path, retention: u64) -> Result<(Self, Option<u16>), OpenFailure> {
         let store = |action: &'static str| {
             let dir = dir.to_owned();
             move |source| OpenFailure::Store(JournalError::Store { dir, action, source })
@@ -195,29 +214,98 @@ impl Journal {
             db,
             retention: retention.max(1),
         };
-        match journal.db.get(SCHEMA_KEY).map_err(store("reading the schema version"))? {
+        let schema = match journal.db.get(SCHEMA_KEY).map_err(store("reading the schema version"))? {
             None if journal.pods.is_empty() => {
-                let meta = codec::encode(RecordKind::Meta, SCHEMA_VERSION, &MetaV1 { schema: SCHEMA_VERSION })
-                    .map_err(OpenFailure::Unreadable)?;
-                journal.db.insert(SCHEMA_KEY, meta).map_err(store("writing the schema version"))?;
-                journal.db.flush().map_err(store("flushing"))?;
+                journal.write_schema().map_err(OpenFailure::Store)?;
+                SCHEMA_VERSION
             }
             None => return Err(OpenFailure::NoSchema),
             Some(bytes) => {
                 let (version, payload) = codec::open(RecordKind::Meta, &bytes).map_err(OpenFailure::Unreadable)?;
                 let meta: MetaV1 =
                     codec::decode_payload(RecordKind::Meta, version, payload).map_err(OpenFailure::Unreadable)?;
-                if meta.schema != SCHEMA_VERSION {
-                    return Err(OpenFailure::UnknownSchema(meta.schema));
-                }
+                meta.schema
             }
+        };
+        if !(1..=SCHEMA_VERSION).contains(&schema) {
+            return Err(OpenFailure::UnknownSchema(schema));
         }
         // Every pod record must decode, or the journal cannot be trusted at all.
         for entry in journal.pods.iter() {
             let (_, bytes) = entry.map_err(store("reading pod records"))?;
             decode_pod(&bytes).map_err(OpenFailure::Unreadable)?;
         }
-        Ok(journal)
+        if schema == SCHEMA_VERSION {
+            return Ok((journal, None));
+        }
+        journal.upgrade(schema)?;
+        Ok((journal, Some(schema)))
+    }
+
+    fn write_schema(&self) -> Result<(), JournalError> {
+        let meta = codec::encode(RecordKind::Meta, SCHEMA_VERSION, &MetaV1 { schema: SCHEMA_VERSION })
+            .map_err(|source| self.record("the schema version".into(), source))?;
+        self.db.insert(SCHEMA_KEY, meta).map_err(|source| self.store("writing the schema version", source))?;
+        self.flush()
+    }
+
+    /// Rewrites every record of an older schema in the current one (see migrations/README.md).
+    /// Records carry their own version, so an upgrade cut short is simply run again.
+    fn upgrade(&self, from: u16) -> Result<(), OpenFailure> {
+        let failed = |what: &str, source: CodecError| {
+            OpenFailure::Unreadable(CodecError::Payload {
+                kind: RecordKind::Meta,
+                version: from,
+                detail: format!("upgrading {what}: {source}"),
+            })
+        };
+        let mut pods = Vec::new();
+        for entry in self.pods.iter() {
+            let (key, bytes) = entry.map_err(|source| OpenFailure::Store(self.store("reading pod records", source)))?;
+            let pod = decode_pod(&bytes).map_err(|e| failed("a pod record", e))?;
+            pods.push((
+                key,
+                codec::encode(RecordKind::Pod, SCHEMA_VERSION, &pod_record(&pod))
+                    .map_err(|e| failed("a pod record", e))?,
+            ));
+        }
+        let mut log = Vec::new();
+        for entry in self.log.iter() {
+            let (key, bytes) = entry.map_err(|source| OpenFailure::Store(self.store("reading the log", source)))?;
+            let transition = decode_transition(&bytes).map_err(|e| failed("a transition", e))?;
+            let record = transition_record(&transition);
+            log.push((
+                key,
+                codec::encode(RecordKind::Transition, SCHEMA_VERSION, &record)
+                    .map_err(|e| failed("a transition", e))?,
+            ));
+        }
+        (&self.pods, &self.log)
+            .transaction(|(pods_tree, log_tree)| {
+                for (key, bytes) in &pods {
+                    pods_tree.insert(key.as_ref(), bytes.as_slice())?;
+                }
+                for (key, bytes) in &log {
+                    log_tree.insert(key.as_ref(), bytes.as_slice())?;
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|error| OpenFailure::Store(self.transaction_error("upgrading the schema", error)))?;
+        self.write_schema().map_err(OpenFailure::Store)?;
+        info!(dir = %self.dir.display(), from, to = SCHEMA_VERSION, pods = pods.len(), transitions = log.len(),
+              "journal schema upgraded");
+        Ok(())
+    }
+
+    fn transaction_error(&self, action: &'static str, error: sled::transaction::TransactionError<()>) -> JournalError {
+        JournalError::Store {
+            dir: self.dir.clone(),
+            action,
+            source: match error {
+                sled::transaction::TransactionError::Storage(source) => source,
+                sled::transaction::TransactionError::Abort(()) => sled::Error::ReportableBug("aborted".into()),
+            },
+        }
     }
 
     /// Records a transition of a pod and its new current record, durably: when this returns,
@@ -241,14 +329,7 @@ impl Journal {
                 }
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
-            .map_err(|error| JournalError::Store {
-                dir: self.dir.clone(),
-                action: "committing a transition",
-                source: match error {
-                    sled::transaction::TransactionError::Storage(source) => source,
-                    sled::transaction::TransactionError::Abort(()) => sled::Error::ReportableBug("aborted".into()),
-                },
-            })?;
+            .map_err(|error| self.transaction_error("committing a transition", error))?;
         self.flush()
     }
 
@@ -388,8 +469,8 @@ fn from_millis(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn pod_record(pod: &JournaledPod) -> PodRecordV1 {
-    PodRecordV1 {
+fn pod_record(pod: &JournaledPod) -> PodRecordV2 {
+    PodRecordV2 {
         uid: pod.uid.0.clone(),
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
@@ -400,14 +481,16 @@ fn pod_record(pod: &JournaledPod) -> PodRecordV1 {
     }
 }
 
-fn transition_record(entry: &TransitionEntry) -> TransitionRecordV1 {
-    TransitionRecordV1 {
+fn transition_record(entry: &TransitionEntry) -> TransitionRecordV2 {
+    TransitionRecordV2 {
         seq: entry.seq,
         at_ms: millis(entry.at),
         from: state_code(entry.from),
         to: state_code(entry.to),
         reason: entry.reason.clone(),
         error: entry.error.clone(),
+        term: entry.term.0,
+        trace_id: entry.trace_id.map(|id| id.0),
     }
 }
 
@@ -420,9 +503,13 @@ fn state(code: u8, kind: RecordKind, version: u16) -> Result<State, CodecError> 
 }
 
 fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
-    let (version, payload) = codec::open(RecordKind::Pod, bytes)?;
-    let record: PodRecordV1 = codec::decode_payload(RecordKind::Pod, version, payload)?;
     let kind = RecordKind::Pod;
+    let (version, payload) = codec::open(kind, bytes)?;
+    let record: PodRecordV2 = match version {
+        1 => codec::decode_payload::<PodRecordV1>(kind, version, payload)?.into(),
+        2 => codec::decode_payload(kind, version, payload)?,
+        _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
+    };
     Ok(JournaledPod {
         uid: PodUid(record.uid),
         namespace: record.namespace,
@@ -435,12 +522,17 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
 }
 
 fn decode_transition(bytes: &[u8]) -> Result<TransitionEntry, CodecError> {
-    let (version, payload) = codec::open(RecordKind::Transition, bytes)?;
-    let record: TransitionRecordV1 = codec::decode_payload(RecordKind::Transition, version, payload)?;
-    transition_entry(record, RecordKind::Transition, version)
+    let kind = RecordKind::Transition;
+    let (version, payload) = codec::open(kind, bytes)?;
+    let record: TransitionRecordV2 = match version {
+        1 => codec::decode_payload::<TransitionRecordV1>(kind, version, payload)?.into(),
+        2 => codec::decode_payload(kind, version, payload)?,
+        _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
+    };
+    transition_entry(record, kind, version)
 }
 
-fn transition_entry(record: TransitionRecordV1, kind: RecordKind, version: u16) -> Result<TransitionEntry, CodecError> {
+fn transition_entry(record: TransitionRecordV2, kind: RecordKind, version: u16) -> Result<TransitionEntry, CodecError> {
     Ok(TransitionEntry {
         seq: record.seq,
         at: from_millis(record.at_ms),
@@ -448,6 +540,8 @@ fn transition_entry(record: TransitionRecordV1, kind: RecordKind, version: u16) 
         to: state(record.to, kind, version)?,
         reason: record.reason,
         error: record.error,
+        term: LeaderTerm(record.term),
+        trace_id: record.trace_id.map(TraceId),
     })
 }
 
@@ -470,6 +564,8 @@ mod tests {
                 to,
                 reason: format!("step {seq}"),
                 error: None,
+                term: LeaderTerm(3),
+                trace_id: Some(TraceId([seq as u8; 16])),
             },
         }
     }
@@ -480,7 +576,7 @@ mod tests {
         let path = dir.path().join("journal");
         {
             let (journal, report) = Journal::open(&path, 3).unwrap();
-            assert_eq!(report, OpenReport { moved_aside: None, pods: 0 });
+            assert_eq!(report, OpenReport { moved_aside: None, pods: 0, upgraded_from: None });
             for seq in 1..=5 {
                 journal.commit(&pod("a", seq, State::InSync)).unwrap();
             }
@@ -495,6 +591,71 @@ mod tests {
         journal.forget(&PodUid("a".into())).unwrap();
         assert_eq!(journal.pods().unwrap(), vec![pod("b", 1, State::Validating)]);
         assert!(journal.transitions(&PodUid("a".into()), 0, 10).unwrap().is_empty());
+    }
+
+    /// Copies a committed fixture journal (migrations/fixtures) where a test may change it.
+    fn fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/fixtures").join(name);
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("journal");
+        std::fs::create_dir_all(&target).unwrap();
+        for entry in std::fs::read_dir(&source).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), target.join(entry.file_name())).unwrap();
+            }
+        }
+        (dir, target)
+    }
+
+    #[test]
+    fn a_schema_1_journal_is_upgraded_in_place_and_every_record_survives() {
+        let (_dir, path) = fixture("journal-v1");
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!((report.moved_aside.clone(), report.upgraded_from, report.pods), (None, Some(1), 2), "{report:?}");
+        let pods = journal.pods().unwrap();
+        let names: Vec<_> = pods.iter().map(|p| (p.name.as_str(), p.state)).collect();
+        assert_eq!(names, [("haproxy-0", State::InSync), ("haproxy-1", State::Unknown)]);
+        let in_sync = &pods[0];
+        assert_eq!(in_sync.uid, PodUid("0b0e7f5e-1d7c-4c56-9d0a-1a2b3c4d5e01".into()));
+        assert_eq!(
+            in_sync.pushed,
+            Some(vec![
+                ("haproxy.cfg".into(), Checksum::of(b"global\n")),
+                ("maps/host.map".into(), Checksum::of(b"example.com backend-0\n")),
+            ])
+        );
+        assert_eq!(in_sync.config_version, Some(ConfigVersion(7)));
+        assert_eq!((in_sync.last_transition.term, in_sync.last_transition.trace_id), (LeaderTerm(0), None));
+        let failed = &pods[1].last_transition;
+        assert!(failed.error.as_deref().is_some_and(|e| e.contains("connection refused")), "{failed:?}");
+        for pod in &pods {
+            let log = journal.transitions(&pod.uid, 0, 10).unwrap();
+            let seqs: Vec<_> = log.iter().map(|t| (t.seq, t.reason.as_str())).collect();
+            assert_eq!(seqs, [(1, "step 1"), (2, "step 2"), (3, "step 3")]);
+            assert_eq!(log[2], pod.last_transition);
+        }
+        journal.commit(&pod("c", 1, State::InSync)).unwrap();
+        drop(journal);
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!((report.upgraded_from, report.pods), (None, 3), "upgraded once, written in the new schema after");
+        assert_eq!(journal.pod(&PodUid("c".into())).unwrap(), Some(pod("c", 1, State::InSync)));
+    }
+
+    #[test]
+    fn a_journal_from_a_newer_build_is_moved_aside_not_misread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        {
+            let (journal, _) = Journal::open(&path, 10).unwrap();
+            journal.commit(&pod("a", 1, State::InSync)).unwrap();
+            let meta = codec::encode(RecordKind::Meta, 1, &MetaV1 { schema: SCHEMA_VERSION + 1 }).unwrap();
+            journal.db.insert(SCHEMA_KEY, meta).unwrap();
+            journal.db.flush().unwrap();
+        }
+        let (_, report) = Journal::open(&path, 10).unwrap();
+        let (_, why) = report.moved_aside.expect("moved aside");
+        assert!(why.contains(&format!("schema {}", SCHEMA_VERSION + 1)), "{why}");
     }
 
     #[test]

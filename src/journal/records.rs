@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::fleet::machine::State;
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: u16 = 1;
+pub const SCHEMA_VERSION: u16 = 2;
 
 /// A pod's current record, schema 1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +32,64 @@ pub(crate) struct TransitionRecordV1 {
     pub(crate) error: Option<String>,
 }
 
-/// The journal's metadata, schema 1.
+/// A pod's current record, schema 2: schema 1 with the leader term and trace id on its
+/// last transition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodRecordV2 {
+    pub(crate) uid: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) state: u8,
+    pub(crate) pushed: Option<Vec<(String, [u8; 32])>>,
+    pub(crate) config_version: Option<u64>,
+    pub(crate) last: TransitionRecordV2,
+}
+
+/// One entry of a pod's transition log, schema 2: the leader term of the replica that wrote
+/// it (0: written without leader election) and the trace of the reconciliation it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TransitionRecordV2 {
+    pub(crate) seq: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) from: u8,
+    pub(crate) to: u8,
+    pub(crate) reason: String,
+    pub(crate) error: Option<String>,
+    pub(crate) term: u64,
+    pub(crate) trace_id: Option<[u8; 16]>,
+}
+
+impl From<TransitionRecordV1> for TransitionRecordV2 {
+    /// Schema 1 knew no terms or traces: term 0, no trace.
+    fn from(v1: TransitionRecordV1) -> Self {
+        Self {
+            seq: v1.seq,
+            at_ms: v1.at_ms,
+            from: v1.from,
+            to: v1.to,
+            reason: v1.reason,
+            error: v1.error,
+            term: 0,
+            trace_id: None,
+        }
+    }
+}
+
+impl From<PodRecordV1> for PodRecordV2 {
+    fn from(v1: PodRecordV1) -> Self {
+        Self {
+            uid: v1.uid,
+            namespace: v1.namespace,
+            name: v1.name,
+            state: v1.state,
+            pushed: v1.pushed,
+            config_version: v1.config_version,
+            last: v1.last.into(),
+        }
+    }
+}
+
+/// The journal's metadata, schema 1 and 2 (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaV1 {
     pub(crate) schema: u16,

@@ -1,9 +1,11 @@
-//! Telemetry: logging, and Prometheus metrics ([`metrics`]); OpenTelemetry traces join in #6.
+//! Telemetry: logging, Prometheus metrics ([`metrics`]) and OpenTelemetry traces ([`traces`]).
 
 pub mod metrics;
+pub mod traces;
 
 use clap::ValueEnum;
-use tracing_subscriber::EnvFilter;
+use tracing::Level;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -14,15 +16,52 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global tracing subscriber; the level comes from `RUST_LOG` (default `info`).
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Keeps trace export running; dropping it flushes the spans not yet sent.
+#[must_use = "dropping the guard stops trace export"]
+pub struct TelemetryGuard {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(error) = provider.shutdown()
+        {
+            eprintln!("haptic: traces not all exported at exit: {error}");
+        }
+    }
+}
+
+/// Installs the global tracing subscriber: log lines on stderr, the level from `RUST_LOG`
+/// (default `info`), and OTLP trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` asks for it.
+pub fn init(format: LogFormat) -> TelemetryGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for people at a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    // try_init: tests and repeated calls must not panic on an existing subscriber.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let text = (format == LogFormat::Text)
+        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_filter(filter()));
+    let json = (format == LogFormat::Json)
+        .then(|| tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).with_filter(filter()));
+    let (provider, refused) = match traces::export_requested().then(traces::provider) {
+        Some(Ok(provider)) => (Some(provider), None),
+        Some(Err(error)) => (None, Some(error)),
+        None => (None, None),
     };
+    // Traces carry haptic's own spans whatever RUST_LOG says of log lines; the HTTP and
+    // Kubernetes clients' spans (and the exporter's own requests) stay out of them.
+    let spans = provider.as_ref().map(|provider| {
+        traces::layer(provider)
+            .with_filter(tracing_subscriber::filter::Targets::new().with_target("haptic", Level::INFO))
+    });
+    // try_init: tests and repeated calls must not panic on an existing subscriber.
+    let _ = tracing_subscriber::registry().with(text).with(json).with(spans).try_init();
+    if let Some(error) = refused {
+        tracing::error!(%error, "traces are not exported");
+    } else if provider.is_some() {
+        tracing::info!("exporting traces with OTLP");
+    }
+    TelemetryGuard { provider }
 }

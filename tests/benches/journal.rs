@@ -9,7 +9,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use haptic::dataplane::ConfigVersion;
 use haptic::files::Checksum;
 use haptic::fleet::machine::State;
-use haptic::journal::{Journal, JournaledPod, PodUid, TransitionEntry};
+use haptic::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+use haptic::telemetry::traces::TraceId;
 
 fn main() {
     let count: u64 = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(100_000);
@@ -38,6 +39,9 @@ fn main() {
                 to,
                 reason: "pushed configuration version".into(),
                 error: None,
+                // Every real record now carries a term and (with tracing on) a trace id.
+                term: LeaderTerm(1),
+                trace_id: Some(TraceId([seq as u8; 16])),
             },
         };
         let one = Instant::now();

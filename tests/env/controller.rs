@@ -60,6 +60,15 @@ pub async fn ensure_haptic_crd(client: &kube::Client) -> Result<()> {
     ensure_crd(client, HAProxyTemplateConfig::crd()).await
 }
 
+/// Extra environment and arguments for a controller process.
+#[derive(Clone, Debug, Default)]
+pub struct Launch {
+    /// Environment variables.
+    pub env: Vec<(String, String)>,
+    /// Arguments after the usual ones.
+    pub args: Vec<String>,
+}
+
 /// A running `haptic run`, stopped when dropped.
 pub struct ControllerProcess {
     child: Child,
@@ -86,6 +95,18 @@ impl ControllerProcess {
         dir: tempfile::TempDir,
         journal: &Path,
     ) -> Result<Self> {
+        Self::launch(env, namespace, name, dir, journal, &Launch::default())
+    }
+
+    /// Starts the controller with extra environment variables and arguments.
+    pub fn launch(
+        env: &Manifest,
+        namespace: &str,
+        name: &str,
+        dir: tempfile::TempDir,
+        journal: &Path,
+        extra: &Launch,
+    ) -> Result<Self> {
         let render_dir = dir.path().join("renders");
         let log = dir.path().join(format!("haptic-{}.log", std::process::id()));
         let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
@@ -94,8 +115,10 @@ impl ControllerProcess {
             .arg("--journal-dir")
             .arg(journal)
             .args(["--api-address", "127.0.0.1:0"])
+            .args(&extra.args)
             .env("KUBECONFIG", &env.kubeconfig)
             .env("RUST_LOG", "info,haptic=debug")
+            .envs(extra.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()

@@ -8,6 +8,7 @@
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
 pub mod controller;
+pub mod otlp;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,6 +38,17 @@ pub struct Manifest {
     pub pods: Vec<EnvPod>,
     /// The HTTP backends.
     pub backends: Vec<Backend>,
+    /// The OpenTelemetry Collector.
+    pub otlp: Otlp,
+}
+
+/// The environment's OpenTelemetry Collector: where to send OTLP and where it writes.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Otlp {
+    /// The OTLP/HTTP endpoint, for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub http_endpoint: String,
+    /// Every batch received, one OTLP JSON document a line.
+    pub traces_file: PathBuf,
 }
 
 /// Dataplane API access shared by all pods.
