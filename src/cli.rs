@@ -66,6 +66,21 @@ pub struct RunArgs {
     /// Where the read-only HTTP API (pods, render, health) listens.
     #[arg(long, env = "HAPTIC_API_ADDRESS", default_value = "0.0.0.0:8080")]
     pub api_address: std::net::SocketAddr,
+    /// Elect a leader among replicas on this Lease (in the configuration's namespace); only
+    /// the leader deploys. Without it, this replica deploys alone.
+    #[arg(long, env = "HAPTIC_LEADER_ELECTION_LEASE")]
+    pub leader_election_lease: Option<String>,
+    /// This replica's identity in the Lease (default: the pod name from POD_NAME, else the
+    /// host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_election_identity: Option<String>,
+    /// Seconds a Lease holds without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Seconds before expiry the leader renews; a leader that cannot renew stops deploying
+    /// this long before another replica may take over.
+    #[arg(long, default_value_t = 5)]
+    pub lease_grace_seconds: u64,
 }
 
 /// Arguments of `haptic render`.
@@ -151,6 +166,20 @@ pub fn render(args: RenderArgs) -> Result<()> {
 /// service account.
 pub async fn run(args: RunArgs) -> Result<()> {
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API server")?;
+    let election = match &args.leader_election_lease {
+        Some(lease_name) => {
+            let settings = crate::election::ElectionSettings {
+                namespace: args.config_namespace.clone(),
+                lease_name: lease_name.clone(),
+                identity: args.leader_election_identity.clone().unwrap_or_else(default_identity),
+                duration: std::time::Duration::from_secs(args.lease_duration_seconds),
+                grace: std::time::Duration::from_secs(args.lease_grace_seconds),
+            };
+            settings.check()?;
+            Some(settings)
+        }
+        None => None,
+    };
     let options = crate::controller::ControllerOptions {
         namespace: args.config_namespace,
         name: args.config_name,
@@ -159,11 +188,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         journal_dir: (!args.render_only).then_some(args.journal_dir),
         journal_retention: args.journal_retention,
         api_address: Some(args.api_address),
+        election,
     };
     tokio::select! {
         result = crate::controller::run(client, options) => Ok(result?),
         _ = shutdown_signal() => Ok(()),
     }
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim(), std::process::id())
 }
 
 async fn shutdown_signal() {

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod dataplane;
+pub mod election;
 pub mod files;
 pub mod fleet;
 pub mod journal;

@@ -68,7 +68,7 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
             ("OTEL_SERVICE_NAME".into(), service.clone()),
             ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
         ],
-        args: vec![],
+        ..Launch::default()
     };
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");

@@ -92,8 +92,6 @@ async fn metrics(State(state): State<ApiState>) -> Response {
             metrics.pods.get_or_create(&StateLabels { state: pod.state.to_string() }).inc();
         }
         metrics.journal_bytes.set(i64::try_from(journal.size_on_disk()).unwrap_or(i64::MAX));
-        // No leader election yet (#6): a replica with a journal deploys.
-        metrics.leader.set(1);
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.encode())
         .into_response()

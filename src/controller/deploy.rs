@@ -84,6 +84,13 @@ impl Deployer {
         }
     }
 
+    /// Stops every driver at once, abandoning in-flight actions (leadership lost).
+    pub(crate) fn abort(self) {
+        if let Some(fleet) = self.fleet {
+            fleet.task.abort();
+        }
+    }
+
     /// Stops every driver; in-flight actions are abandoned at their next step.
     pub(crate) async fn stop(self) {
         if let Some(fleet) = self.fleet {

@@ -17,12 +17,13 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::field::Empty;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::validate::problems;
 use crate::config::{HAProxyTemplateConfig, HAProxyTemplateConfigSpec};
+use crate::election::Leadership;
 use crate::journal::LeaderTerm;
 use crate::render::Renderer;
 use crate::telemetry::traces::TraceParent;
@@ -49,6 +50,8 @@ pub struct ControllerOptions {
     pub journal_retention: u64,
     /// Where the read-only HTTP API listens, if anywhere.
     pub api_address: Option<std::net::SocketAddr>,
+    /// Leader election among replicas; without it, this replica deploys alone.
+    pub election: Option<crate::election::ElectionSettings>,
 }
 
 /// Errors that stop the controller.
@@ -127,8 +130,25 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
         }
         None => None,
     };
-    let mut deployer = journal.clone().map(|journal| deploy::Deployer::new(journal, LeaderTerm::default()));
-    let api = crate::api::ApiState { journal, ..crate::api::ApiState::default() };
+    // Only the leader deploys. Without election a replica with a journal leads alone, term 0.
+    let (leadership_tx, mut leadership) = watch::channel(Leadership::Follower);
+    let mut leadership_open = true;
+    let (_election, _solo_leadership) = match (&options.election, &journal) {
+        (Some(settings), Some(_)) => {
+            info!(lease = %settings.lease_name, identity = %settings.identity, "leader election on");
+            let task = tokio::spawn(crate::election::run(client.clone(), settings.clone(), leadership_tx));
+            (Some(AbortOnDrop(task)), None)
+        }
+        (None, Some(_)) => {
+            crate::telemetry::metrics::metrics().leader.set(1);
+            leadership_tx.send_replace(Leadership::Leader(LeaderTerm::default()));
+            (None, Some(leadership_tx))
+        }
+        (_, None) => (None, Some(leadership_tx)),
+    };
+    let mut deployer: Option<deploy::Deployer> = None;
+    let mut last_render: Option<(crate::files::FileSet, Option<TraceParent>)> = None;
+    let api = crate::api::ApiState { journal: journal.clone(), ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
         Some(address) => {
             let listener = crate::api::bind(address).await?;
@@ -181,19 +201,43 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                     coalescer.send(Trigger::Watch(change)).await;
                 }
             }
+            changed = leadership.changed(), if leadership_open => {
+                if changed.is_err() {
+                    leadership_open = false;
+                    continue;
+                }
+                let now = *leadership.borrow_and_update();
+                // Losing the lease, or a new term, stops every push at once: in-flight actions
+                // are abandoned, and the journal (written before each action) says where each
+                // pod was left; the next leader verifies before trusting it.
+                if let Some(old) = deployer.take() {
+                    old.abort();
+                    info!("fleet stopped: all pushes halted");
+                }
+                if let (Leadership::Leader(term), Some(journal)) = (now, &journal) {
+                    let mut fresh = deploy::Deployer::new(journal.clone(), term);
+                    if let (Some(active), Some((files, trace))) = (&active, &last_render) {
+                        deploy_render(&mut fresh, active, files.clone(), trace.clone());
+                    }
+                    deployer = Some(fresh);
+                }
+            }
             Some(triggers) = render_rx.recv() => {
                 let Some(active) = &active else { continue };
                 let span = reconcile_span(&triggers, active.generation);
                 let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
                 let Some(files) = rendered else { continue };
                 api.set_render(active.generation, Arc::new(files.clone()));
-                if let Some(deployer) = deployer.as_mut() {
-                    let trace = TraceParent::of(&span);
-                    match &active.credentials {
-                        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods(), trace),
-                        None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
-                    }
+                let trace = TraceParent::of(&span);
+                if deployer.is_none()
+                    && let (Leadership::Leader(term), Some(journal)) = (*leadership.borrow(), &journal)
+                {
+                    deployer = Some(deploy::Deployer::new(journal.clone(), term));
                 }
+                if let Some(deployer) = deployer.as_mut() {
+                    deploy_render(deployer, active, files.clone(), trace.clone());
+                }
+                last_render = Some((files, trace));
             }
         }
     }
@@ -201,6 +245,19 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
         deployer.stop().await;
     }
     Err(ControllerError::ConfigWatchEnded { namespace: options.namespace, name: options.name })
+}
+
+/// Hands a render to the fleet, when there are credentials to deploy with.
+fn deploy_render(
+    deployer: &mut deploy::Deployer,
+    active: &Active,
+    files: crate::files::FileSet,
+    trace: Option<TraceParent>,
+) {
+    match &active.credentials {
+        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods(), trace),
+        None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
+    }
 }
 
 /// A task stopped when its owner goes.

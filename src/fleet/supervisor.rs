@@ -14,7 +14,17 @@ use crate::journal::{Journal, PodUid};
 
 struct Running {
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    task: DriverTask,
+}
+
+/// A driver's task, aborted if the supervisor itself is stopped (aborted) mid-way, so that
+/// stopping the fleet stops every pod's work at once.
+struct DriverTask(JoinHandle<()>);
+
+impl Drop for DriverTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs the fleet until the pod list's sender is dropped.
@@ -33,9 +43,9 @@ pub async fn run<A: PodActions>(
         let wanted: BTreeMap<PodUid, PodTarget> = current.into_iter().map(|pod| (pod.uid.clone(), pod)).collect();
         let gone: Vec<PodUid> = running.keys().filter(|uid| !wanted.contains_key(*uid)).cloned().collect();
         for uid in gone {
-            if let Some(driver) = running.remove(&uid) {
+            if let Some(mut driver) = running.remove(&uid) {
                 let _ = driver.stop.send(true);
-                let _ = driver.task.await;
+                let _ = (&mut driver.task.0).await;
             }
             if let Err(error) = journal.forget(&uid) {
                 warn!(%uid, %error, "could not forget a pod that is gone");
@@ -52,15 +62,15 @@ pub async fn run<A: PodActions>(
                 PodDriver::new(target, journal.clone(), actions.clone(), slots.clone(), settings.clone(), first);
             let (stop, stop_rx) = watch::channel(false);
             let task = tokio::spawn(driver.run(desired.clone(), stop_rx));
-            running.insert(uid, Running { stop, task });
+            running.insert(uid, Running { stop, task: DriverTask(task) });
         }
         if pods.changed().await.is_err() {
             break;
         }
     }
-    for (_, driver) in running {
+    for (_, mut driver) in running {
         let _ = driver.stop.send(true);
-        let _ = driver.task.await;
+        let _ = (&mut driver.task.0).await;
     }
 }
 

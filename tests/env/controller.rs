@@ -67,6 +67,8 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Arguments after the usual ones.
     pub args: Vec<String>,
+    /// A kubeconfig other than the environment's (one through a proxy, say).
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// A running `haptic run`, stopped when dropped.
@@ -116,7 +118,7 @@ impl ControllerProcess {
             .arg(journal)
             .args(["--api-address", "127.0.0.1:0"])
             .args(&extra.args)
-            .env("KUBECONFIG", &env.kubeconfig)
+            .env("KUBECONFIG", extra.kubeconfig.as_ref().unwrap_or(&env.kubeconfig))
             .env("RUST_LOG", "info,haptic=debug")
             .envs(extra.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())

@@ -9,6 +9,7 @@
 
 pub mod controller;
 pub mod otlp;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

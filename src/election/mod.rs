@@ -1,0 +1,215 @@
+//! Leader election on a `coordination.k8s.io` Lease: only the leader deploys.
+//!
+//! kube-lease-manager acquires and renews the Lease. It does not say when a renewal fails, so
+//! a leader cut off from the API server would believe itself leader until it hears otherwise.
+//! This module therefore also reads the Lease on its own and judges leadership from what it
+//! last saw ([`judge`], pure): leader only while the Lease names this replica and its last
+//! renewal, plus the lease duration, minus the grace margin, is still ahead. A partitioned
+//! leader so steps down `grace` before any other replica may take the Lease over, and the
+//! fleet stops with it. The leader term is the Lease's `leaseTransitions` when it was taken.
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use thiserror::Error;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::journal::LeaderTerm;
+
+/// Where this replica stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// Another replica leads, or nobody is known to: watch, render, serve, but never deploy.
+    Follower,
+    /// This replica leads, in this term.
+    Leader(LeaderTerm),
+}
+
+impl Leadership {
+    /// Whether this replica may deploy.
+    pub fn is_leader(self) -> bool {
+        matches!(self, Self::Leader(_))
+    }
+}
+
+/// How to elect.
+#[derive(Clone, Debug)]
+pub struct ElectionSettings {
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name.
+    pub lease_name: String,
+    /// This replica's identity in the Lease (its pod name, say).
+    pub identity: String,
+    /// How long a Lease holds without renewal.
+    pub duration: Duration,
+    /// How long before expiry the holder renews; also the margin by which a leader that
+    /// cannot renew steps down before the Lease could be taken.
+    pub grace: Duration,
+}
+
+/// Settings that cannot work.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ElectionError {
+    /// The grace margin must be shorter than the lease, both whole seconds above zero.
+    #[error(
+        "leader election: the lease duration ({duration}s) must be longer than the renewal grace ({grace}s), both at least 1s"
+    )]
+    Durations {
+        /// Lease duration in seconds.
+        duration: u64,
+        /// Grace in seconds.
+        grace: u64,
+    },
+}
+
+impl ElectionSettings {
+    /// Checks the durations (kube-lease-manager panics on bad ones; we say why instead).
+    pub fn check(&self) -> Result<(), ElectionError> {
+        let (duration, grace) = (self.duration.as_secs(), self.grace.as_secs());
+        if grace == 0 || grace >= duration {
+            return Err(ElectionError::Durations { duration, grace });
+        }
+        Ok(())
+    }
+}
+
+/// What a read of the Lease showed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSeen {
+    /// Who holds it.
+    pub holder: Option<String>,
+    /// When the holder last renewed it (by the holder's clock).
+    pub renewed: Option<SystemTime>,
+    /// For how long a renewal holds.
+    pub duration: Option<Duration>,
+    /// How many times it changed hands.
+    pub transitions: u64,
+}
+
+impl LeaseSeen {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Self {
+            holder: spec.holder_identity,
+            renewed: spec.renew_time.map(|time| SystemTime::from(time.0)),
+            duration: spec.lease_duration_seconds.map(|s| Duration::from_secs(s.max(0) as u64)),
+            transitions: spec.lease_transitions.unwrap_or(0).max(0) as u64,
+        }
+    }
+}
+
+/// Whether this replica leads: the lease manager must believe it holds the lock, and the last
+/// read of the Lease must name it with a renewal still good for more than `grace`.
+pub fn judge(
+    lock_held: bool,
+    seen: Option<&LeaseSeen>,
+    identity: &str,
+    now: SystemTime,
+    grace: Duration,
+) -> Leadership {
+    let Some(seen) = seen else { return Leadership::Follower };
+    let (Some(renewed), Some(duration)) = (seen.renewed, seen.duration) else { return Leadership::Follower };
+    let safe_until = (renewed + duration).checked_sub(grace);
+    if lock_held && seen.holder.as_deref() == Some(identity) && safe_until.is_some_and(|until| now < until) {
+        Leadership::Leader(LeaderTerm(seen.transitions))
+    } else {
+        Leadership::Follower
+    }
+}
+
+/// Runs the election until `leadership`'s receivers are all gone, publishing every change.
+pub async fn run(client: kube::Client, settings: ElectionSettings, leadership: watch::Sender<Leadership>) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let manager = loop {
+        let built = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+            .with_namespace(&settings.namespace)
+            .with_identity(&settings.identity)
+            .with_duration(settings.duration.as_secs())
+            .with_grace(settings.grace.as_secs())
+            .build()
+            .await;
+        match built {
+            Ok(manager) => break manager,
+            Err(error) => {
+                warn!(lease = %settings.lease_name, %error, "cannot use the election Lease yet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = leadership.closed() => return,
+                }
+            }
+        }
+    };
+    let (mut held, _manager_task) = manager.watch().await;
+    // Read often enough that a lost renewal is noticed well within the grace margin.
+    let period = (settings.grace / 4).clamp(Duration::from_millis(200), Duration::from_secs(1));
+    let mut seen: Option<LeaseSeen> = None;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            changed = held.changed() => if changed.is_err() { return },
+            _ = leadership.closed() => return,
+        }
+        // Unreachable or slow: what was last seen ages, and with it the leadership.
+        if let Ok(Ok(lease)) = tokio::time::timeout(period, leases.get_opt(&settings.lease_name)).await {
+            seen = lease.as_ref().map(LeaseSeen::of);
+        }
+        let now_leading = judge(*held.borrow(), seen.as_ref(), &settings.identity, SystemTime::now(), settings.grace);
+        let before = *leadership.borrow();
+        if before != now_leading {
+            match now_leading {
+                Leadership::Leader(term) => info!(lease = %settings.lease_name, %term, "became the leader"),
+                Leadership::Follower => warn!(lease = %settings.lease_name, "not the leader (any more): no pushes"),
+            }
+            crate::telemetry::metrics::metrics().leader.set(i64::from(now_leading.is_leader()));
+            leadership.send_replace(now_leading);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(holder: &str, renewed_secs_ago: u64, now: SystemTime) -> LeaseSeen {
+        LeaseSeen {
+            holder: Some(holder.into()),
+            renewed: Some(now - Duration::from_secs(renewed_secs_ago)),
+            duration: Some(Duration::from_secs(15)),
+            transitions: 4,
+        }
+    }
+
+    #[test]
+    fn leads_only_while_the_lease_names_it_and_a_renewal_is_good_beyond_the_grace() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let grace = Duration::from_secs(5);
+        let fresh = seen("a", 2, now);
+        assert_eq!(judge(true, Some(&fresh), "a", now, grace), Leadership::Leader(LeaderTerm(4)));
+        assert_eq!(judge(false, Some(&fresh), "a", now, grace), Leadership::Follower, "the manager lost the lock");
+        assert_eq!(judge(true, Some(&fresh), "b", now, grace), Leadership::Follower, "someone else holds it");
+        assert_eq!(judge(true, None, "a", now, grace), Leadership::Follower);
+        // Renewed 10 s ago with a 15 s lease: 5 s left, not more than the grace: step down now,
+        // 5 s before another replica could take it.
+        assert_eq!(judge(true, Some(&seen("a", 10, now)), "a", now, grace), Leadership::Follower);
+        assert_eq!(judge(true, Some(&seen("a", 9, now)), "a", now, grace), Leadership::Leader(LeaderTerm(4)));
+        let released = LeaseSeen { renewed: None, ..fresh };
+        assert_eq!(judge(true, Some(&released), "a", now, grace), Leadership::Follower);
+    }
+
+    #[test]
+    fn durations_that_cannot_work_are_refused_with_both_values() {
+        let settings = |duration, grace| ElectionSettings {
+            namespace: "haptic".into(),
+            lease_name: "haptic".into(),
+            identity: "a".into(),
+            duration: Duration::from_secs(duration),
+            grace: Duration::from_secs(grace),
+        };
+        assert_eq!(settings(15, 5).check(), Ok(()));
+        assert_eq!(settings(5, 5).check(), Err(ElectionError::Durations { duration: 5, grace: 5 }));
+        assert_eq!(settings(5, 0).check(), Err(ElectionError::Durations { duration: 5, grace: 0 }));
+    }
+}

@@ -1,0 +1,189 @@
+//! Leader election between two real controller processes on the real API server: exactly
+//! one deploys; a leader partitioned from the API server stops deploying before its Lease
+//! could be taken, and the other replica takes over; a SIGKILLed leader is replaced within
+//! the lease duration. The pods are Ready in Kubernetes with no Dataplane API behind them
+//! (docs/environment.md), so "deploying" is seen as the drivers' journaled attempts; that a
+//! new leader leaves in-sync pods alone is shown by the state machine's unit tests.
+
+mod env;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail, ensure};
+use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::proxy::{CuttableProxy, apiserver_address};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const LEASE: &str = "haptic-election-test";
+const DURATION_SECS: u64 = 6;
+const GRACE_SECS: u64 = 2;
+
+fn launch(identity: &str, kubeconfig: Option<std::path::PathBuf>) -> Launch {
+    Launch {
+        args: vec![
+            "--leader-election-lease".into(),
+            LEASE.into(),
+            "--leader-election-identity".into(),
+            identity.into(),
+            "--lease-duration-seconds".into(),
+            DURATION_SECS.to_string(),
+            "--lease-grace-seconds".into(),
+            GRACE_SECS.to_string(),
+        ],
+        kubeconfig,
+        ..Launch::default()
+    }
+}
+
+async fn leads(api: &str) -> Result<bool> {
+    let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    let line = text.lines().find(|l| l.starts_with("haptic_leader ")).context("no haptic_leader metric")?;
+    Ok(line.trim_end().ends_with(" 1"))
+}
+
+async fn wait_until_leading(api: &str, expected: bool, within: Duration) -> Result<Instant> {
+    let deadline = Instant::now() + within;
+    loop {
+        if leads(api).await.unwrap_or(false) == expected {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("{api} did not become {} within {within:?}", if expected { "leader" } else { "follower" });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every transition a replica's journal holds, over its API.
+async fn transitions(api: &str, namespace: &str) -> Result<Vec<Value>> {
+    let mut all = Vec::new();
+    for pod in ["ghost-0", "ghost-1"] {
+        let answer = reqwest::get(format!("{api}/api/v1/pods/{namespace}/{pod}?limit=1000")).await?;
+        if answer.status() == reqwest::StatusCode::NOT_FOUND {
+            continue;
+        }
+        let answer: Value = answer.json().await?;
+        all.extend(answer["transitions"].as_array().cloned().unwrap_or_default());
+    }
+    Ok(all)
+}
+
+fn at(transition: &Value) -> SystemTime {
+    let text = transition["at"].as_str().unwrap_or_default();
+    let stamp: k8s_openapi::jiff::Timestamp = text.parse().unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    SystemTime::from(stamp)
+}
+
+#[tokio::test]
+async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_one_is_replaced() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "election").await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": "dataplane"},
+        "stringData": {"dataplane_username": "admin", "dataplane_password": "election-secret"}
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    for (name, ip) in [("ghost-0", "127.1.9.31"), ("ghost-1", "127.1.9.32")] {
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"haptic.dev/test": "election"}},
+            "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+        let status = json!({"status": {"phase": "Running", "podIP": ip,
+                                       "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
+    }
+    create_test_config(
+        &client,
+        &namespace,
+        json!({
+            "podSelector": {"matchLabels": {"haptic.dev/test": "election"}},
+            "watchedResources": {"services": {"apiVersion": "v1", "kind": "Service", "namespaces": [namespace]}},
+            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}},
+            "templates": {"haproxyConfig": "global\n    maxconn 100\n"}
+        }),
+    )
+    .await?;
+
+    // Replica A reaches the API server through a proxy the test can cut.
+    let proxy = CuttableProxy::start(apiserver_address(&env.kubeconfig)?).await?;
+    let dir_a = tempfile::tempdir()?;
+    let kubeconfig_a = dir_a.path().join("kubeconfig");
+    proxy.kubeconfig(&env.kubeconfig, &kubeconfig_a)?;
+    let journal_a = dir_a.path().join("journal");
+    let a = ControllerProcess::launch(
+        env,
+        &namespace,
+        "test",
+        dir_a,
+        &journal_a,
+        &launch("replica-a", Some(kubeconfig_a)),
+    )?;
+    let api_a = a.api_url().await?;
+    wait_until_leading(&api_a, true, Duration::from_secs(30)).await.with_context(|| a.log_tail())?;
+    let dir_b = tempfile::tempdir()?;
+    let journal_b = dir_b.path().join("journal");
+    let b = ControllerProcess::launch(env, &namespace, "test", dir_b, &journal_b, &launch("replica-b", None))?;
+    let api_b = b.api_url().await?;
+    b.wait_for_config("replica B's render", Duration::from_secs(30), |cfg| cfg.contains("maxconn 100")).await?;
+
+    // Exactly one deploys: A's drivers journal their attempts, B renders but touches no pod.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(!leads(&api_b).await?, "both replicas lead");
+    let a_attempts = transitions(&api_a, &namespace).await?;
+    ensure!(!a_attempts.is_empty(), "the leader deploys: {}", a.log_tail());
+    ensure!(transitions(&api_b, &namespace).await?.is_empty(), "the follower must not deploy");
+    let lease: Lease = Api::namespaced(client.clone(), &namespace).get(LEASE).await?;
+    let term_a = lease.spec.and_then(|s| s.lease_transitions).unwrap_or_default();
+    ensure!(a_attempts.iter().all(|t| t["term"] == term_a), "A's records carry its term {term_a}: {a_attempts:?}");
+
+    // Partition A from the API server: it must step down before B may take the Lease.
+    let cut_at = Instant::now();
+    proxy.cut().await;
+    let a_down = wait_until_leading(&api_a, false, Duration::from_secs(DURATION_SECS + 5)).await?;
+    let a_down_wall = SystemTime::now();
+    let b_up = wait_until_leading(&api_b, true, Duration::from_secs(DURATION_SECS + 10))
+        .await
+        .with_context(|| b.log_tail())?;
+    ensure!(a_down < b_up, "the partitioned leader still led when the other took over");
+    ensure!(
+        a_down.duration_since(cut_at) <= Duration::from_secs(DURATION_SECS),
+        "A stepped down {:?} after the cut",
+        a_down.duration_since(cut_at)
+    );
+    eprintln!(
+        "partition: A stepped down after {:?}, B took over after {:?}",
+        a_down.duration_since(cut_at),
+        b_up.duration_since(cut_at)
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let late: Vec<Value> = transitions(&api_a, &namespace).await?.into_iter().filter(|t| at(t) > a_down_wall).collect();
+    ensure!(late.is_empty(), "A went on deploying after stepping down: {late:?}");
+    let b_attempts = transitions(&api_b, &namespace).await?;
+    ensure!(!b_attempts.is_empty(), "the new leader deploys: {}", b.log_tail());
+    ensure!(
+        b_attempts.iter().all(|t| t["term"].as_i64().unwrap_or_default() > i64::from(term_a)),
+        "B deploys in a later term than A's {term_a}: {b_attempts:?}"
+    );
+
+    // Heal A (it stays a follower: B holds the Lease), then SIGKILL B: A takes over in time.
+    proxy.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(!leads(&api_a).await?, "A must not lead while B holds the Lease");
+    let killed_at = Instant::now();
+    drop(b.kill());
+    let a_up = wait_until_leading(&api_a, true, Duration::from_secs(DURATION_SECS + 10))
+        .await
+        .with_context(|| a.log_tail())?;
+    let takeover = a_up.duration_since(killed_at);
+    eprintln!("SIGKILL: A took over after {takeover:?}");
+    ensure!(takeover <= Duration::from_secs(DURATION_SECS + 2), "takeover took {takeover:?}");
+    Ok(())
+}
