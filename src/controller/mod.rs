@@ -31,7 +31,7 @@ use crate::watch::debounce::{self, DebounceSettings};
 use crate::watch::{Change, Watches};
 
 pub use output::{RenderRecord, RenderSink};
-pub use status::ValidCondition;
+pub use status::{PodFact, RenderFact, StatusFacts, ValidCondition};
 
 /// Which configuration to follow, and where renders go.
 #[derive(Clone, Debug)]
@@ -117,7 +117,11 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
     let (watch_tx, mut watch_rx) = mpsc::channel::<Change>(1024);
     let (render_tx, mut render_rx) = mpsc::channel::<Vec<Trigger>>(16);
     let sink = RenderSink::new(options.render_dir.clone());
-    let mut status = status::StatusWriter::new(configs, options.name.clone());
+    let instance = options.election.as_ref().map(|e| e.identity.clone()).unwrap_or_else(|| "haptic".into());
+    let mut status = status::StatusWriter::new(client.clone(), configs, options.name.clone(), instance);
+    let mut facts = StatusFacts::default();
+    let mut status_tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut active: Option<Active> = None;
     let mut coalescer: Option<Coalescer> = None;
     let journal = match &options.journal_dir {
@@ -171,6 +175,7 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                     }
                 };
                 let generation = config.metadata.generation.unwrap_or_default();
+                status.saw(&config);
                 if active.as_ref().is_some_and(|a| a.generation == generation && a.spec == config.spec) {
                     continue;
                 }
@@ -184,7 +189,7 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                         // The old watches stop when `active` is replaced.
                         active = Some(next);
                         api.ready.store(true, std::sync::atomic::Ordering::Release);
-                        status.write(generation, ValidCondition::accepted(generation)).await;
+                        facts.valid = Some(ValidCondition::accepted(generation));
                         if let Some(coalescer) = &coalescer {
                             coalescer.send(Trigger::Config { generation }).await;
                         }
@@ -192,8 +197,19 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                     Err(condition) => {
                         error!(generation, reason = %condition.reason, message = %condition.message,
                                "configuration refused; the previous one stays in force");
-                        status.write(generation, condition).await;
+                        facts.valid = Some(condition);
                     }
+                }
+                if writes_status(*leadership.borrow(), &journal) {
+                    status.publish(&facts).await;
+                }
+            }
+            _ = status_tick.tick() => {
+                if writes_status(*leadership.borrow(), &journal) {
+                    if let (Some(journal), Some(active), Some((files, _))) = (&journal, &active, &last_render) {
+                        facts.pods = Some(pod_facts(journal, &active.watches.pods(), files));
+                    }
+                    status.publish(&facts).await;
                 }
             }
             Some(change) = watch_rx.recv() => {
@@ -226,7 +242,17 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
                 let Some(active) = &active else { continue };
                 let span = reconcile_span(&triggers, active.generation);
                 let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
-                let Some(files) = rendered else { continue };
+                let files = match rendered {
+                    Ok(files) => files,
+                    Err(message) => {
+                        facts.render = Some(RenderFact::Failed { message });
+                        continue;
+                    }
+                };
+                facts.render = Some(RenderFact::Rendered {
+                    files: files.entries().count(),
+                    checksum: files.haproxy_cfg.checksum.to_string().chars().take(12).collect(),
+                });
                 api.set_render(active.generation, Arc::new(files.clone()));
                 let trace = TraceParent::of(&span);
                 if deployer.is_none()
@@ -245,6 +271,38 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
         deployer.stop().await;
     }
     Err(ControllerError::ConfigWatchEnded { namespace: options.namespace, name: options.name })
+}
+
+/// Whether this replica writes the configuration's status: the leader does, and a
+/// render-only replica (which never leads) reports its own renders.
+fn writes_status(leadership: Leadership, journal: &Option<Arc<crate::journal::Journal>>) -> bool {
+    leadership.is_leader() || journal.is_none()
+}
+
+/// The current HAProxy pods as their journal records show them against the last render.
+fn pod_facts(
+    journal: &crate::journal::Journal,
+    pods: &[crate::render::PodInfo],
+    files: &crate::files::FileSet,
+) -> Vec<PodFact> {
+    let desired = crate::fleet::Desired::new(files.clone()).checksums;
+    pods.iter()
+        .map(|pod| {
+            let record = journal.pod(&crate::journal::PodUid(pod.uid.clone())).ok().flatten();
+            let state = record.as_ref().map_or(crate::fleet::machine::State::Unknown, |r| r.state);
+            let error = record.as_ref().and_then(|r| r.last_transition.error.clone());
+            let rejected = error.is_some()
+                && state == crate::fleet::machine::State::Validating
+                && record.as_ref().is_some_and(|r| r.last_transition.reason == "ValidationRejected");
+            PodFact {
+                name: pod.name.clone(),
+                state,
+                runs_desired: record.as_ref().and_then(|r| r.pushed.as_ref()) == Some(&desired),
+                error,
+                rejected,
+            }
+        })
+        .collect()
 }
 
 /// Hands a render to the fleet, when there are credentials to deploy with.
@@ -370,7 +428,7 @@ async fn render(
     triggers: Vec<Trigger>,
     sink: &RenderSink,
     max_left_out: usize,
-) -> Option<crate::files::FileSet> {
+) -> Result<crate::files::FileSet, String> {
     let renderer = active.renderer.clone();
     let stores = active.watches.snapshot();
     let started = std::time::Instant::now();
@@ -417,15 +475,15 @@ async fn render(
                 warn!(%error, "left an object out of the render");
             }
             sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
-            Some(files)
+            Ok(files)
         }
         Ok(Err(error)) => {
             error!(%error, "render failed; the last good files stay in force");
-            None
+            Err(error.to_string())
         }
         Err(panic) => {
             error!(%panic, "render task failed");
-            None
+            Err(format!("the render task failed: {panic}"))
         }
     }
 }
