@@ -190,10 +190,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         api_address: Some(args.api_address),
         election,
     };
-    tokio::select! {
-        result = crate::controller::run(client, options) => Ok(result?),
-        _ = shutdown_signal() => Ok(()),
-    }
+    Ok(crate::controller::run(client, options, shutdown_signal()).await?)
 }
 
 fn default_identity() -> String {

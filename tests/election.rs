@@ -118,7 +118,7 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
     let kubeconfig_a = dir_a.path().join("kubeconfig");
     proxy.kubeconfig(&env.kubeconfig, &kubeconfig_a)?;
     let journal_a = dir_a.path().join("journal");
-    let a = ControllerProcess::launch(
+    let mut a = ControllerProcess::launch(
         env,
         &namespace,
         "test",
@@ -185,5 +185,28 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
     let takeover = a_up.duration_since(killed_at);
     eprintln!("SIGKILL: A took over after {takeover:?}");
     ensure!(takeover <= Duration::from_secs(DURATION_SECS + 2), "takeover took {takeover:?}");
+
+    // A replica stopped as Kubernetes stops it (SIGTERM) hands the Lease back on its way out:
+    // a third replica takes over well before the lease would have expired.
+    let dir_c = tempfile::tempdir()?;
+    let journal_c = dir_c.path().join("journal");
+    let c = ControllerProcess::launch(env, &namespace, "test", dir_c, &journal_c, &launch("replica-c", None))?;
+    let api_c = c.api_url().await?;
+    c.wait_for_config("replica C's render", Duration::from_secs(30), |cfg| cfg.contains("maxconn 100")).await?;
+    let terminated_at = Instant::now();
+    ensure!(a.terminate(Duration::from_secs(15)).await, "A did not exit cleanly on SIGTERM");
+    let lease: Lease = Api::namespaced(client.clone(), &namespace).get(LEASE).await?;
+    ensure!(
+        lease.spec.as_ref().is_none_or(|s| s.holder_identity.as_deref() != Some("replica-a")),
+        "A left without handing the Lease back: {:?}\n{}",
+        lease.spec,
+        a.log_tail()
+    );
+    let c_up = wait_until_leading(&api_c, true, Duration::from_secs(DURATION_SECS + 10))
+        .await
+        .with_context(|| c.log_tail())?;
+    let handover = c_up.duration_since(terminated_at);
+    eprintln!("SIGTERM: C took over after {handover:?}");
+    ensure!(handover < Duration::from_secs(DURATION_SECS), "the Lease was not handed back: C waited {handover:?}");
     Ok(())
 }

@@ -144,9 +144,19 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
         ensure!(traced, "no transition of {pod} holds trace {}: {answer}", root.trace_id);
     }
 
-    // Secrets never reach the traces (nor the log).
+    // Secrets never reach the traces, the log, the metrics or any API answer.
     let exported = std::fs::read_to_string(&env.otlp.traces_file)?;
     ensure!(!exported.contains(PASSWORD), "the Dataplane password was exported in a trace");
     ensure!(!controller.log_text().contains(PASSWORD), "the Dataplane password was logged");
+    for path in [
+        "/metrics",
+        "/api/v1/pods",
+        "/api/v1/config",
+        "/api/v1/config/files/haproxy.cfg",
+        &format!("/api/v1/pods/{namespace}/ghost-0?limit=1000"),
+    ] {
+        let answer = reqwest::get(format!("{api}{path}")).await?.text().await?;
+        ensure!(!answer.contains(PASSWORD), "the Dataplane password appeared in {path}");
+    }
     Ok(())
 }

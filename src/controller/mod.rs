@@ -107,8 +107,16 @@ struct Active {
     credentials: Option<crate::dataplane::Credentials>,
 }
 
-/// Follows one configuration and renders until the client goes away.
-pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(), ControllerError> {
+/// Follows one configuration, renders and (as the leader) deploys until `shutdown` completes;
+/// then it lets in-flight actions finish their step and hands the Lease back, so another
+/// replica takes over at once rather than after the lease duration.
+pub async fn run(
+    client: kube::Client,
+    options: ControllerOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ControllerError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut stopping = false;
     let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &options.namespace);
     let selector = format!("metadata.name={}", options.name);
     let mut config_watch = watcher::watcher(configs.clone(), watcher::Config::default().fields(&selector))
@@ -137,11 +145,12 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
     // Only the leader deploys. Without election a replica with a journal leads alone, term 0.
     let (leadership_tx, mut leadership) = watch::channel(Leadership::Follower);
     let mut leadership_open = true;
-    let (_election, _solo_leadership) = match (&options.election, &journal) {
+    let (election, _solo_leadership) = match (&options.election, &journal) {
         (Some(settings), Some(_)) => {
             info!(lease = %settings.lease_name, identity = %settings.identity, "leader election on");
-            let task = tokio::spawn(crate::election::run(client.clone(), settings.clone(), leadership_tx));
-            (Some(AbortOnDrop(task)), None)
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(crate::election::run(client.clone(), settings.clone(), leadership_tx, stopped));
+            (Some((AbortOnDrop(task), stop)), None)
         }
         (None, Some(_)) => {
             crate::telemetry::metrics::metrics().leader.set(1);
@@ -164,6 +173,10 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
 
     loop {
         tokio::select! {
+            () = &mut shutdown => {
+                stopping = true;
+                break;
+            }
             event = config_watch.next() => {
                 let Some(event) = event else { break };
                 let config = match event {
@@ -269,6 +282,15 @@ pub async fn run(client: kube::Client, options: ControllerOptions) -> Result<(),
     }
     if let Some(deployer) = deployer {
         deployer.stop().await;
+    }
+    if let Some((mut task, stop)) = election {
+        let _ = stop.send(());
+        if tokio::time::timeout(std::time::Duration::from_secs(5), &mut task.0).await.is_err() {
+            warn!("the Lease was not handed back within 5s; another replica takes over when it expires");
+        }
+    }
+    if stopping {
+        return Ok(());
     }
     Err(ControllerError::ConfigWatchEnded { namespace: options.namespace, name: options.name })
 }

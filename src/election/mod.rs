@@ -120,43 +120,47 @@ pub fn judge(
     }
 }
 
-/// Runs the election until `leadership`'s receivers are all gone, publishing every change.
-pub async fn run(client: kube::Client, settings: ElectionSettings, leadership: watch::Sender<Leadership>) {
+/// Runs the election until `leadership`'s receivers are all gone or `stop` fires, publishing
+/// every change; on `stop` it hands the Lease back before returning.
+pub async fn run(
+    client: kube::Client,
+    settings: ElectionSettings,
+    leadership: watch::Sender<Leadership>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
-    let manager = loop {
-        let built = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
-            .with_namespace(&settings.namespace)
-            .with_identity(&settings.identity)
-            .with_duration(settings.duration.as_secs())
-            .with_grace(settings.grace.as_secs())
-            .build()
-            .await;
-        match built {
-            Ok(manager) => break manager,
-            Err(error) => {
-                warn!(lease = %settings.lease_name, %error, "cannot use the election Lease yet; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                    _ = leadership.closed() => return,
-                }
-            }
-        }
-    };
-    let (mut held, _manager_task) = manager.watch().await;
+    let Some(mut manager) = Manager::start(&client, &settings, &leadership, &mut stop).await else { return };
     // Read often enough that a lost renewal is noticed well within the grace margin.
     let period = (settings.grace / 4).clamp(Duration::from_millis(200), Duration::from_secs(1));
     let mut seen: Option<LeaseSeen> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
-            changed = held.changed() => if changed.is_err() { return },
+            changed = manager.held.changed() => if changed.is_err() { return },
             _ = leadership.closed() => return,
+            _ = &mut stop => {
+                leadership.send_replace(Leadership::Follower);
+                crate::telemetry::metrics::metrics().leader.set(0);
+                manager.hand_back(&settings).await;
+                return;
+            }
         }
         // Unreachable or slow: what was last seen ages, and with it the leadership.
         if let Ok(Ok(lease)) = tokio::time::timeout(period, leases.get_opt(&settings.lease_name)).await {
             seen = lease.as_ref().map(LeaseSeen::of);
         }
-        let now_leading = judge(*held.borrow(), seen.as_ref(), &settings.identity, SystemTime::now(), settings.grace);
+        let held = *manager.held.borrow();
+        // kube-lease-manager's followers look again only when the holder's lease would expire;
+        // a Lease handed back (no holder) is taken at once by starting a fresh manager.
+        if !held && seen.as_ref().is_some_and(|lease| lease.holder.is_none()) {
+            tracing::debug!(lease = %settings.lease_name, "the Lease is free: taking it");
+            manager.hand_back(&settings).await;
+            tracing::debug!(lease = %settings.lease_name, "old lease manager stopped");
+            let Some(fresh) = Manager::start(&client, &settings, &leadership, &mut stop).await else { return };
+            manager = fresh;
+            continue;
+        }
+        let now_leading = judge(held, seen.as_ref(), &settings.identity, SystemTime::now(), settings.grace);
         let before = *leadership.borrow();
         if before != now_leading {
             match now_leading {
@@ -165,6 +169,60 @@ pub async fn run(client: kube::Client, settings: ElectionSettings, leadership: w
             }
             crate::telemetry::metrics::metrics().leader.set(i64::from(now_leading.is_leader()));
             leadership.send_replace(now_leading);
+        }
+    }
+}
+
+/// A running kube-lease-manager: whether it holds the lock, and its task.
+struct Manager {
+    held: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+}
+
+impl Manager {
+    /// Builds and starts a lease manager, retrying while the Lease cannot be used; `None`
+    /// when asked to stop first.
+    async fn start(
+        client: &kube::Client,
+        settings: &ElectionSettings,
+        leadership: &watch::Sender<Leadership>,
+        stop: &mut tokio::sync::oneshot::Receiver<()>,
+    ) -> Option<Self> {
+        loop {
+            let built = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+                .with_namespace(&settings.namespace)
+                .with_identity(&settings.identity)
+                .with_duration(settings.duration.as_secs())
+                .with_grace(settings.grace.as_secs())
+                .build()
+                .await;
+            match built {
+                Ok(manager) => {
+                    let (held, task) = manager.watch().await;
+                    return Some(Self { held, task });
+                }
+                Err(error) => {
+                    warn!(lease = %settings.lease_name, %error, "cannot use the election Lease yet; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                        _ = leadership.closed() => return None,
+                        _ = &mut *stop => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the manager; closing its lock channel makes it release the Lease if it holds it.
+    async fn hand_back(self, settings: &ElectionSettings) {
+        let held = *self.held.borrow();
+        drop(self.held);
+        match tokio::time::timeout(Duration::from_secs(5), self.task).await {
+            Ok(Ok(Ok(_))) if held => info!(lease = %settings.lease_name, "Lease handed back"),
+            Ok(Ok(Ok(_))) => {}
+            Ok(Ok(Err(error))) => warn!(lease = %settings.lease_name, %error, "could not hand the Lease back"),
+            Ok(Err(error)) => warn!(lease = %settings.lease_name, %error, "the lease manager failed"),
+            Err(_) => warn!(lease = %settings.lease_name, "the lease manager did not stop within 5s"),
         }
     }
 }

@@ -194,6 +194,23 @@ impl ControllerProcess {
 }
 
 impl ControllerProcess {
+    /// Stops the controller as Kubernetes would (SIGTERM), waits for it to exit (killing it
+    /// after `grace`), and says whether it exited on its own and with success.
+    /// (Async: the test's own runtime, and any proxy on it, must keep running meanwhile.)
+    pub async fn terminate(&mut self, grace: Duration) -> bool {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        false
+    }
+
     /// Kills the controller (SIGKILL) and hands back its directory, e.g. to restart on it.
     pub fn kill(mut self) -> tempfile::TempDir {
         let _ = self.child.kill();
