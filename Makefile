@@ -34,7 +34,7 @@ test-env-scripts:
 # The integration tests share one environment, started here and always stopped afterwards.
 # Test files that need the Dataplane API run only when the environment could build it; when
 # it could not, the reason is printed as BLOCKED (see docs/environment.md).
-DATAPLANE_TESTS = dataplane
+DATAPLANE_TESTS = dataplane fleet_live
 test-integration: build env-install
 	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
 	status=$$?; \

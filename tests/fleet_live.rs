@@ -1,0 +1,222 @@
+//! The fleet deploying to live pods through their real Dataplane APIs, with traces, metrics
+//! and leader election: the acceptance of issues #4 and #6 that needs the Dataplane API.
+//!
+//! `make test` runs this file only when the environment could build the Dataplane API (see
+//! docs/environment.md); when it could not, `make test` prints BLOCKED and why.
+
+mod env;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::otlp::received_spans;
+use haptic::dataplane::PushMode;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+async fn metric(api: &str, line_start: &str) -> Result<f64> {
+    let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    Ok(text
+        .lines()
+        .filter(|line| line.starts_with(line_start))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+async fn pods_view(api: &str) -> Result<Vec<Value>> {
+    let answer: Value = reqwest::get(format!("{api}/api/v1/pods")).await?.json().await?;
+    Ok(answer["pods"].as_array().cloned().unwrap_or_default())
+}
+
+async fn wait_all_in_sync(api: &str, count: usize, within: Duration) -> Result<Vec<Value>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let pods = pods_view(api).await?;
+        if pods.len() == count && pods.iter().all(|p| p["state"] == "InSync") {
+            return Ok(pods);
+        }
+        if Instant::now() > deadline {
+            bail!("not every pod InSync within {within:?}: {pods:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn setup(test: &str) -> Result<(kube::Client, String)> {
+    let env = env::environment();
+    env.require_dataplane();
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, test).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": "dataplane"},
+        "stringData": {"dataplane_username": env.dataplane.username, "dataplane_password": env.dataplane.password}
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    let template = format!(
+        "{}{{% for i in resources.ingresses.list() %}}# ingress {{{{ i.metadata.name }}}}\n{{% endfor %}}",
+        env::config_routing_to(&env.backends[0])
+    );
+    create_test_config(
+        &client,
+        &namespace,
+        json!({
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                                               "namespaces": [namespace]}},
+            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": "3s"},
+            "templates": {"haproxyConfig": template}
+        }),
+    )
+    .await?;
+    Ok((client, namespace))
+}
+
+#[tokio::test]
+async fn a_change_is_traced_through_validation_to_every_pod_and_metrics_follow_sync_drift_and_failure() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let (client, namespace) = setup("fleet-live").await?;
+    let service = format!("haptic-{namespace}");
+    let launch = Launch {
+        env: vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), env.otlp.http_endpoint.clone()),
+            ("OTEL_SERVICE_NAME".into(), service.clone()),
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
+        ],
+        ..Launch::default()
+    };
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;
+    let api = controller.api_url().await?;
+    wait_all_in_sync(&api, env.pods.len(), Duration::from_secs(60)).await.with_context(|| controller.log_tail())?;
+    let full_before = metric(&api, "haptic_deployments_total{kind=\"full\",result=\"ok\"}").await?;
+    let reloads_before = metric(&api, "haptic_reloads_total").await?;
+    ensure!(full_before >= env.pods.len() as f64, "one full sync per pod at least: {full_before}");
+
+    // A real Ingress change: one trace, with validation and a push under each pod's span.
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let ingress = serde_json::from_value(json!({
+        "metadata": {"name": "traced"},
+        "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}
+    }))?;
+    ingresses.create(&PostParams::default(), &ingress).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let trace = loop {
+        let spans: Vec<_> =
+            received_spans(&env.otlp.traces_file).into_iter().filter(|s| s.service == service).collect();
+        if let Some(root) = spans.iter().find(|s| s.name == "reconcile" && s.attribute("k8s.resource.name") == "traced")
+        {
+            let trace: Vec<_> = spans.iter().filter(|s| s.trace_id == root.trace_id).cloned().collect();
+            let pushed: BTreeSet<&str> = trace
+                .iter()
+                .filter(|s| {
+                    s.name == "pod"
+                        && s.attribute("haptic.decision") == "full"
+                        && s.attribute("haptic.state") == "InSync"
+                })
+                .map(|s| s.attribute("k8s.pod.name"))
+                .collect();
+            if pushed.len() == env.pods.len() {
+                break trace;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no complete trace of the Ingress change\n{}", controller.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    ensure!(trace.iter().any(|s| s.name == "render"), "no render span");
+    let validations = trace.iter().filter(|s| s.name == "validate").count();
+    let pushes = trace.iter().filter(|s| s.name == "push").count();
+    ensure!(validations == env.pods.len() && pushes == env.pods.len(), "{validations} validations, {pushes} pushes");
+    ensure!(metric(&api, "haptic_reloads_total").await? >= reloads_before + env.pods.len() as f64);
+
+    // Drift: a configuration pushed behind the controller's back is undone within an interval.
+    let pod = &env.pods[0];
+    let dataplane = env.dataplane(pod);
+    let version = dataplane.configuration_version().await?;
+    dataplane.push_raw(&env::config_routing_to(&env.backends[1]), version, PushMode::Reload).await?;
+    let drifts_before = metric(&api, "haptic_drift_detections_total").await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&api, "haptic_drift_detections_total").await? <= drifts_before {
+        ensure!(Instant::now() < deadline, "the drift was not detected\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_all_in_sync(&api, env.pods.len(), Duration::from_secs(30)).await?;
+    let (_, raw) = dataplane.raw_configuration().await?;
+    ensure!(raw.contains("# ingress traced"), "the drifted pod got the desired configuration back");
+
+    // Failure: a configuration HAProxy refuses is validated on every pod, pushed to none,
+    // reported on the configuration, and the pods keep serving the last good one.
+    let configs: Api<haptic::config::HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let refused =
+        kube::api::Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": "global\n    bogus-keyword\n"}}}));
+    configs.patch("test", &kube::api::PatchParams::default(), &refused).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = configs.get_status("test").await?.status.unwrap_or_default();
+        let rejected = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Validated" && c.status == "False" && c.message.contains("bogus-keyword"));
+        if rejected && metric(&api, "haptic_pods{state=\"Validating\"}").await? == env.pods.len() as f64 {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the refusal was not reported: {status:?}\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, raw) = dataplane.raw_configuration().await?;
+    ensure!(raw.contains("# ingress traced") && !raw.contains("bogus-keyword"), "a refused configuration was pushed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_new_leader_adopts_pods_in_sync_without_a_single_reload() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let (_client, namespace) = setup("fleet-live-leader").await?;
+    let election = |identity: &str| Launch {
+        args: [
+            "--leader-election-lease",
+            "live",
+            "--leader-election-identity",
+            identity,
+            "--lease-duration-seconds",
+            "6",
+            "--lease-grace-seconds",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Launch::default()
+    };
+    let dir_a = tempfile::tempdir()?;
+    let journal_a = dir_a.path().join("journal");
+    let a = ControllerProcess::launch(env, &namespace, "test", dir_a, &journal_a, &election("a"))?;
+    let api_a = a.api_url().await?;
+    wait_all_in_sync(&api_a, env.pods.len(), Duration::from_secs(60)).await.with_context(|| a.log_tail())?;
+    let dir_b = tempfile::tempdir()?;
+    let journal_b = dir_b.path().join("journal");
+    let b = ControllerProcess::launch(env, &namespace, "test", dir_b, &journal_b, &election("b"))?;
+    let api_b = b.api_url().await?;
+    b.wait_for_config("B's render", Duration::from_secs(30), |cfg| cfg.contains("backend")).await?;
+    let mut reloads = Vec::new();
+    for pod in &env.pods {
+        reloads.push(env.dataplane(pod).reloads().await?.len());
+    }
+    drop(a.kill());
+    wait_all_in_sync(&api_b, env.pods.len(), Duration::from_secs(30)).await.with_context(|| b.log_tail())?;
+    for (pod, before) in env.pods.iter().zip(reloads) {
+        let after = env.dataplane(pod).reloads().await?.len();
+        ensure!(after == before, "{}: the new leader reloaded a pod that was in sync ({before} → {after})", pod.name);
+    }
+    ensure!(metric(&api_b, "haptic_reloads_total").await? == 0.0, "the new leader caused reloads");
+    Ok(())
+}
