@@ -46,6 +46,8 @@ DATAPLANE_PORT = 5555
 APISERVER_BASE_PORT = 16443
 HAPROXY_HTTP_PORT = 8080
 BACKEND_PORT = 8080
+# Helm as pinned in tests/env/helm/go.mod (stamped into `helm version`).
+HELM_VERSION = "v3.22.0"
 # The OpenTelemetry Collector's standard OTLP ports, on the environment's own loopback address.
 OTLP_PORTS = {4317: "gRPC", 4318: "HTTP"}
 DATAPLANE_USER = "admin"
@@ -237,6 +239,7 @@ DATAPLANEAPI_TAG = "v3.2.7"
 class Components:
     apiserver: Path
     otelcol: Path
+    helm: Path
     haproxy: dict[str, Path]
     dataplaneapi: Path | None
     # Why the Dataplane API is missing, when it is: the environment still starts without it.
@@ -296,6 +299,9 @@ def install(fetch: bool = True) -> Components:
     go_build("API server launcher (kube-apiserver + etcd)", ENV_DIR / "apiserver", ".", apiserver)
     otelcol = CACHE_DIR / "bin" / "haptic-otelcol"
     go_build("OpenTelemetry Collector (OTLP receiver, file exporter)", ENV_DIR / "otelcol", ".", otelcol)
+    helm = CACHE_DIR / "bin" / "helm"
+    go_build("Helm v3 (from helm.sh/helm/v3)", ENV_DIR / "helm", "helm.sh/helm/v3/cmd/helm", helm,
+             ldflags=f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}")
     haproxy = {"2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
     schemathesis_binary(fetch)
     try:
@@ -303,7 +309,7 @@ def install(fetch: bool = True) -> Components:
     except DataplaneUnavailable as unavailable:
         dataplaneapi, blocked = None, str(unavailable)
         log(f"BLOCKED: HAProxy Dataplane API unavailable: {blocked}")
-    return Components(apiserver=apiserver, otelcol=otelcol, haproxy=haproxy, dataplaneapi=dataplaneapi,
+    return Components(apiserver=apiserver, otelcol=otelcol, helm=helm, haproxy=haproxy, dataplaneapi=dataplaneapi,
                       dataplaneapi_blocked=blocked)
 
 
@@ -643,6 +649,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
         "pods": pods,
         "backends": backends,
         "otlp": otlp,
+        "tools": {"helm": str(components.helm)},
     }
 
 
@@ -759,6 +766,8 @@ def cmd_dataplane_status(args: argparse.Namespace) -> int:
 def cmd_install(args: argparse.Namespace) -> int:
     components = install(fetch=True)
     print(f"kube-apiserver launcher: {components.apiserver}")
+    print(f"otel collector:          {components.otelcol}")
+    print(f"helm:                    {components.helm}")
     print(f"dataplaneapi:            {components.dataplaneapi or 'BLOCKED: ' + str(components.dataplaneapi_blocked)}")
     for version, binary in components.haproxy.items():
         print(f"haproxy {version}:             {binary}")

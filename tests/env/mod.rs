@@ -41,6 +41,15 @@ pub struct Manifest {
     pub backends: Vec<Backend>,
     /// The OpenTelemetry Collector.
     pub otlp: Otlp,
+    /// Tools built with the environment.
+    pub tools: Tools,
+}
+
+/// Command-line tools the environment built.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Tools {
+    /// Helm v3, built from its Go module.
+    pub helm: PathBuf,
 }
 
 /// The environment's OpenTelemetry Collector: where to send OTLP and where it writes.
