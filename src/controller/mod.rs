@@ -256,7 +256,12 @@ pub async fn run(
                 let span = reconcile_span(&triggers, active.generation);
                 let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
                 let files = match rendered {
-                    Ok(files) => files,
+                    Ok((files, refused)) => {
+                        if writes_status(*leadership.borrow(), &journal) {
+                            status.announce_refusals(refused).await;
+                        }
+                        files
+                    }
                     Err(message) => {
                         facts.render = Some(RenderFact::Failed { message });
                         continue;
@@ -450,9 +455,10 @@ async fn render(
     triggers: Vec<Trigger>,
     sink: &RenderSink,
     max_left_out: usize,
-) -> Result<crate::files::FileSet, String> {
+) -> Result<(crate::files::FileSet, Vec<status::Refusal>), String> {
     let renderer = active.renderer.clone();
     let stores = active.watches.snapshot();
+    let stores_before = stores.clone();
     let started = std::time::Instant::now();
     let pods = active.watches.pods();
     let span = info_span!(
@@ -497,7 +503,8 @@ async fn render(
                 warn!(%error, "left an object out of the render");
             }
             sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
-            Ok(files)
+            let refused = left_out.iter().filter_map(|error| status::Refusal::of(&stores_before, error)).collect();
+            Ok((files, refused))
         }
         Ok(Err(error)) => {
             error!(%error, "render failed; the last good files stay in force");

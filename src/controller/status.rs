@@ -213,6 +213,49 @@ fn same_ignoring_times(a: &[Condition], b: &[Condition]) -> bool {
             .all(|(x, y)| x.type_ == y.type_ && x.status == y.status && x.reason == y.reason && x.message == y.message)
 }
 
+/// An object left out of the render because a value of it was refused, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// The object, for an Event regarding it.
+    pub object: ObjectReference,
+    /// The renderer's error: template, line, value.
+    pub message: String,
+}
+
+impl Refusal {
+    /// The refusal an error of `render_leaving_out` stands for, with the offending object as
+    /// the stores hold it (its apiVersion and UID, so the Event lands on that very object).
+    pub fn of(stores: &crate::store::Stores, error: &crate::render::RenderError) -> Option<Self> {
+        let offender = error.offending_object()?;
+        let stored = stores
+            .values()
+            .find_map(|store| (store.kind() == offender.kind).then(|| store.by_key(&offender.key)).flatten())?;
+        let field = |path: &[&str]| {
+            let mut value = stored.value.clone();
+            for key in path {
+                value = value.get_attr(key).ok()?;
+            }
+            (!value.is_undefined() && !value.is_none()).then(|| value.to_string())
+        };
+        Some(Self {
+            object: ObjectReference {
+                api_version: field(&["apiVersion"]),
+                kind: Some(offender.kind.clone()),
+                namespace: (!offender.key.namespace.is_empty()).then(|| offender.key.namespace.clone()),
+                name: Some(offender.key.name.clone()),
+                uid: field(&["metadata", "uid"]),
+                ..ObjectReference::default()
+            },
+            message: error.to_string(),
+        })
+    }
+
+    fn key(&self) -> String {
+        let object = &self.object;
+        format!("{:?}/{:?}/{:?}/{:?}", object.kind, object.namespace, object.name, object.uid)
+    }
+}
+
 /// Writes the status subresource and publishes Events, skipping writes that change nothing.
 pub(crate) struct StatusWriter {
     api: Api<HAProxyTemplateConfig>,
@@ -224,12 +267,22 @@ pub(crate) struct StatusWriter {
     generation: i64,
     /// What was last written.
     written: Option<(i64, Vec<Condition>)>,
+    /// Refusals already announced, by object, with their message.
+    announced: std::collections::BTreeMap<String, String>,
 }
 
 impl StatusWriter {
     pub(crate) fn new(client: kube::Client, api: Api<HAProxyTemplateConfig>, name: String, instance: String) -> Self {
         let reporter = Reporter { controller: "haptic".into(), instance: Some(instance) };
-        Self { api, name, recorder: Recorder::new(client, reporter), reference: None, generation: 0, written: None }
+        Self {
+            api,
+            name,
+            recorder: Recorder::new(client, reporter),
+            reference: None,
+            generation: 0,
+            written: None,
+            announced: Default::default(),
+        }
     }
 
     /// Notes the configuration object (its generation and identity, for Events).
@@ -237,6 +290,36 @@ impl StatusWriter {
         use kube::Resource;
         self.generation = config.metadata.generation.unwrap_or_default();
         self.reference = Some(config.object_ref(&()));
+    }
+
+    /// Publishes a Warning Event on each object newly left out of the render (once per object
+    /// and message: every render refuses it again, and must not repeat the Event).
+    pub(crate) async fn announce_refusals(&mut self, refusals: Vec<Refusal>) {
+        let mut current = std::collections::BTreeMap::new();
+        for refusal in refusals {
+            let key = refusal.key();
+            if self.announced.get(&key) != Some(&refusal.message) {
+                let event = KubeEvent {
+                    type_: EventType::Warning,
+                    reason: "Refused".into(),
+                    note: Some(
+                        format!("left out of the HAProxy configuration: {}", refusal.message)
+                            .chars()
+                            .take(1024)
+                            .collect(),
+                    ),
+                    action: "Render".into(),
+                    secondary: self.reference.clone(),
+                };
+                if let Err(error) = self.recorder.publish(&event, &refusal.object).await {
+                    warn!(%error, object = ?refusal.object.name, "could not publish an Event on a refused object");
+                    continue;
+                }
+            }
+            current.insert(key, refusal.message);
+        }
+        // Objects no longer refused are forgotten, so a new offence is announced again.
+        self.announced = current;
     }
 
     /// Writes the conditions the facts call for, if they differ from what was last written.

@@ -125,6 +125,11 @@ pub enum JournalError {
 }
 
 impl JournalError {
+    /// Whether another handle (a process, or one of ours not yet released) holds the lock.
+    fn is_lock_held(&self) -> bool {
+        matches!(self, Self::Store { source: sled::Error::Io(error), .. } if error.to_string().contains("could not acquire lock"))
+    }
+
     /// Whether sled found its files corrupt (as opposed to unreachable or locked).
     fn is_corruption(&self) -> bool {
         matches!(self, Self::Store { source: sled::Error::Corruption { .. }, .. })
@@ -155,13 +160,27 @@ pub struct Journal {
 /// sled's default cache is 1 GiB; the journal's working set is a few records per pod.
 const CACHE_BYTES: u64 = 16 * 1024 * 1024;
 const SCHEMA_KEY: &[u8] = b"schema";
+/// Lock attempts 50 ms apart before a held lock is reported (another process holds it).
+const LOCK_RETRIES: u32 = 20;
 
 impl Journal {
     /// Opens (or creates) the journal in `dir`, keeping the last `retention` transitions per
     /// pod. An unreadable journal is moved aside to `<dir>.unreadable-<unix seconds>` and a
     /// fresh one is opened in its place.
     pub fn open(dir: &Path, retention: u64) -> Result<(Self, OpenReport), JournalError> {
-        match Self::open_checked(dir, retention) {
+        // sled releases its file lock only when its last background job for a dropped handle
+        // ends; a reopen right after a close (in this process) may find it still held.
+        let mut attempt = 0;
+        let opened = loop {
+            match Self::open_checked(dir, retention) {
+                Err(OpenFailure::Store(error)) if error.is_lock_held() && attempt < LOCK_RETRIES => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => break other,
+            }
+        };
+        match opened {
             Ok((journal, upgraded_from)) => {
                 let pods = journal.pods.len();
                 info!(dir = %dir.display(), pods, schema = SCHEMA_VERSION, ?upgraded_from, "journal opened");

@@ -67,6 +67,46 @@ pub(crate) fn map_key(value: &str) -> Result<String, Error> {
     }
 }
 
+/// `value | haproxy_duration`: a HAProxy time (digits, optionally `us`, `ms`, `s`, `m`, `h` or `d`).
+pub(crate) fn haproxy_duration(value: &str) -> Result<String, Error> {
+    let value = value.trim();
+    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &value[digits.len()..];
+    if !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && ["", "us", "ms", "s", "m", "h", "d"].contains(&unit)
+    {
+        Ok(value.to_owned())
+    } else {
+        Err(refuse(format!("haproxy_duration: {value:?} is not a HAProxy time such as 30s or 500ms")))
+    }
+}
+
+/// `value | one_of("a", "b")`: `value` if it is one of the allowed words.
+pub(crate) fn one_of(value: &str, allowed: &[String]) -> Result<String, Error> {
+    if allowed.iter().any(|word| word == value) {
+        Ok(value.to_owned())
+    } else {
+        Err(refuse(format!("one_of: {value:?} is not one of {}", allowed.join(", "))))
+    }
+}
+
+/// `value | cidr`: an IPv4 or IPv6 address or network (`10.0.0.0/8`), as HAProxy's `src` takes it.
+pub(crate) fn cidr(value: &str) -> Result<String, Error> {
+    let value = value.trim();
+    let (address, bits) = value.split_once('/').map_or((value, None), |(a, b)| (a, Some(b)));
+    let max_bits = match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => 32,
+        Ok(std::net::IpAddr::V6(_)) => 128,
+        Err(_) => return Err(refuse(format!("cidr: {value:?} is not an IP address or network"))),
+    };
+    match bits.map(str::parse::<u8>) {
+        None => Ok(value.to_owned()),
+        Some(Ok(bits)) if bits <= max_bits => Ok(value.to_owned()),
+        Some(_) => Err(refuse(format!("cidr: {value:?} has a prefix length outside 0..={max_bits}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +117,27 @@ mod tests {
         assert_eq!(haproxy_quote("${HOME} \"x\"").unwrap(), "'${HOME} \"x\"'");
         assert_eq!(haproxy_quote("it's").unwrap(), r"'it'\''s'");
         assert!(haproxy_quote("a\nb").unwrap_err().to_string().contains("a newline"));
+    }
+
+    #[test]
+    fn durations_words_and_networks_are_checked() {
+        for good in ["30s", "500ms", "5", "2m", "1h"] {
+            assert_eq!(haproxy_duration(good).unwrap(), good);
+        }
+        for bad in ["", "s", "30 s", "30x", "1e3", "30s\n    option x", "-1s"] {
+            assert!(haproxy_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+        let allowed = ["roundrobin".to_owned(), "leastconn".to_owned()];
+        assert_eq!(one_of("leastconn", &allowed).unwrap(), "leastconn");
+        assert!(
+            one_of("leastconn\nuse_backend x", &allowed).unwrap_err().to_string().contains("roundrobin, leastconn")
+        );
+        for good in ["10.0.0.0/8", "192.168.1.1", "::1", "2001:db8::/32"] {
+            assert_eq!(cidr(good).unwrap(), good);
+        }
+        for bad in ["10.0.0.0/33", "example.com", "10.0.0.1 }", "", "::/129"] {
+            assert!(cidr(bad).is_err(), "{bad:?} should be refused");
+        }
     }
 
     #[test]

@@ -94,6 +94,8 @@ struct Route {
     path: Value,
     path_length: usize,
     path_type: Value,
+    prefix_key: Value,
+    host_kind: &'static str,
     rule: usize,
     index: usize,
     service: Value,
@@ -109,6 +111,8 @@ impl Object for Route {
             "path" => self.path.clone(),
             "path_length" => Value::from(self.path_length),
             "path_type" => self.path_type.clone(),
+            "prefix_key" => self.prefix_key.clone(),
+            "host_kind" => Value::from(self.host_kind),
             "rule" => Value::from(self.rule),
             "index" => Value::from(self.index),
             "service" => self.service.clone(),
@@ -125,6 +129,8 @@ impl Object for Route {
             "path",
             "path_length",
             "path_type",
+            "prefix_key",
+            "host_kind",
             "rule",
             "index",
             "service",
@@ -137,7 +143,10 @@ impl Object for Route {
 /// with `id` = `<namespace>_<name>_<rule>_<path>` (1-based; unique, and stable while the
 /// Ingress is unchanged). A host or path that cannot be written into a map file is refused and
 /// the Ingress blamed, so the controller can leave it out. Rules without `http` give no route;
-/// a path without `path` is `/`.
+/// a path without `path` is `/`. `prefix_key` is the path without trailing slashes plus one
+/// `/`: matched against the request path plus `/`, a string prefix match becomes the Ingress
+/// spec's element-wise one (`/foo` matches `/foo` and `/foo/bar`, not `/foobar`). `host_kind`
+/// is `exact`, `wildcard` (`*.example.com`) or `none`.
 pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
     let text = |v: Option<Value>| v.map(|v| v.to_string()).unwrap_or_default();
     let metadata = attr(ingress, "metadata");
@@ -155,6 +164,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
         for (path_index, path) in paths.iter().flat_map(|p| p.try_iter().ok()).flatten().enumerate() {
             let prefix = attr(&path, "path").map(|p| p.to_string()).unwrap_or_else(|| "/".to_owned());
             let prefix = super::filters::map_key(&prefix)?;
+            let prefix_key = format!("{}/", prefix.trim_end_matches('/'));
             let service = attr(&path, "backend").and_then(|b| attr(&b, "service")).unwrap_or_default();
             routes.push(Value::from_object(Route {
                 namespace: namespace_value.clone(),
@@ -163,6 +173,12 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 path_length: prefix.len(),
                 path: Value::from(prefix),
                 path_type: attr(&path, "pathType").unwrap_or_else(|| Value::from("Prefix")),
+                prefix_key: Value::from(prefix_key),
+                host_kind: match host.as_str() {
+                    Some("") | None => "none",
+                    Some(h) if h.starts_with("*.") => "wildcard",
+                    Some(_) => "exact",
+                },
                 rule: rule_index + 1,
                 index: path_index + 1,
                 service,
@@ -227,6 +243,39 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn routes_carry_element_wise_prefix_keys_and_the_kind_of_their_host() {
+        let ingress = Value::from(Serde(json!({
+            "metadata": {"namespace": "web", "name": "shop"},
+            "spec": {"rules": [
+                {"host": "shop.example.com", "http": {"paths": [
+                    {"path": "/", "pathType": "Prefix"}, {"path": "/foo/", "pathType": "Prefix"},
+                    {"path": "/exact", "pathType": "Exact"}]}},
+                {"host": "*.example.com", "http": {"paths": [{"path": "/a//", "pathType": "Prefix"}]}},
+                {"http": {"paths": [{"pathType": "ImplementationSpecific"}]}}
+            ]}
+        })));
+        let routes = ingress_routes(&ingress).unwrap();
+        let seen: Vec<String> = routes
+            .try_iter()
+            .unwrap()
+            .map(|r| {
+                let get = |k: &str| r.get_attr(k).unwrap().to_string();
+                format!("{} {} {} {}", get("id"), get("host_kind"), get("path"), get("prefix_key"))
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                "web_shop_1_1 exact / /",
+                "web_shop_1_2 exact /foo/ /foo/",
+                "web_shop_1_3 exact /exact /exact/",
+                "web_shop_2_1 wildcard /a// /a/",
+                "web_shop_3_1 none / /",
+            ]
+        );
     }
 
     #[test]

@@ -142,6 +142,11 @@ impl Renderer {
         env.add_filter("haproxy_quote", |value: &str| filters::haproxy_quote(value));
         env.add_filter("hostname", |value: &str| filters::hostname(value));
         env.add_filter("map_key", |value: &str| filters::map_key(value));
+        env.add_filter("haproxy_duration", |value: &str| filters::haproxy_duration(value));
+        env.add_filter("one_of", |value: &str, allowed: minijinja::value::Rest<String>| {
+            filters::one_of(value, &allowed)
+        });
+        env.add_filter("cidr", |value: &str| filters::cidr(value));
         env.add_function("collector", || Value::from_object(context::Collector::default()));
         env.add_function("endpoints", |slices: Value, port_name: Option<Value>| {
             library::endpoints(&slices, port_name.as_ref())

@@ -6,6 +6,7 @@ Usage: backend.py NAME=IP:PORT [NAME=IP:PORT ...]   (one process serves them all
   GET /anything      -> 200 "backend=NAME path=/anything host=HOST", header X-Backend: NAME
   GET /stream?seconds=N -> a chunked answer with one line every 200 ms for N seconds
                            (a long-lived connection that must survive runtime changes)
+  GET /slow?seconds=N   -> waits N seconds, then answers as /anything (for server timeouts)
 """
 
 import sys
@@ -24,6 +25,8 @@ def handler_for(name: str):
             url = urlparse(self.path)
             if url.path == "/stream":
                 return self.stream(float(parse_qs(url.query).get("seconds", ["10"])[0]))
+            if url.path == "/slow":
+                time.sleep(float(parse_qs(url.query).get("seconds", ["1"])[0]))
             body = f"backend={name} path={url.path} host={self.headers.get('Host', '')}\n".encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
+pub mod chart;
 pub mod controller;
 pub mod otlp;
 pub mod proxy;

@@ -1,0 +1,445 @@
+//! The chart's default Ingress library, row by row, with real requests through a real HAProxy:
+//! real Ingress, Service and EndpointSlice objects on the real API server, the real controller
+//! rendering the chart's configuration from them, and HAProxy 2.8 running exactly those files.
+//!
+//! The files reach HAProxy by copy and master-CLI reload here, not through the Dataplane API,
+//! which cannot be built on this machine (docs/environment.md); the deployment path is covered
+//! by tests/fleet_live.rs once it can. EndpointSlices may not hold loopback addresses, so the
+//! backends of this test listen on the machine's own non-loopback address.
+//!
+//! The table it prints is docs/library-conformance.md.
+
+mod env;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use env::chart::{chart_dir, haproxy_binaries, render_chart};
+use env::controller::{ControllerProcess, Launch, ensure_crd};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const FRONTEND: &str = "127.1.3.1";
+const BACKENDS: usize = 6;
+const BACKEND_BASE_PORT: u16 = 18100;
+
+/// The machine's first non-loopback IPv4 address.
+fn own_address() -> Result<String> {
+    let output = Command::new("hostname").arg("-I").output()?;
+    let text = String::from_utf8(output.stdout)?;
+    text.split_whitespace()
+        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()))
+        .map(str::to_owned)
+        .context("this machine has no non-loopback IPv4 address for the EndpointSlices")
+}
+
+/// A child process killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// HAProxy running the controller's files from `dir`.
+struct Haproxy {
+    _process: Process,
+    dir: PathBuf,
+}
+
+impl Haproxy {
+    fn start(binary: &Path, dir: &Path) -> Result<Self> {
+        let log = std::fs::File::create(dir.join("haproxy.log"))?;
+        let child = Command::new(binary)
+            .arg("-W")
+            .arg("-db")
+            .arg("-S")
+            .arg(dir.join("master.sock"))
+            .arg("-f")
+            .arg(dir.join("haproxy.cfg"))
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let haproxy = Self { _process: Process(child), dir: dir.to_owned() };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect((FRONTEND, 8080)).is_err() {
+            ensure!(Instant::now() < deadline, "HAProxy did not start:\n{}", haproxy.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(haproxy)
+    }
+
+    fn reload(&self) -> Result<()> {
+        let mut socket = std::os::unix::net::UnixStream::connect(self.dir.join("master.sock"))?;
+        socket.write_all(b"reload\n")?;
+        socket.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer)?;
+        ensure!(answer.starts_with("Success=1"), "reload refused: {answer}\n{}", self.log());
+        Ok(())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default()
+    }
+}
+
+/// Puts the controller's latest render where the configuration's paths point.
+fn install_render(controller: &ControllerProcess, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir.join("maps"))?;
+    std::fs::create_dir_all(dir.join("general"))?;
+    std::fs::copy(controller.render_dir.join("haproxy.cfg"), dir.join("haproxy.cfg"))?;
+    for (from, to) in [("maps", "maps"), ("files", "general")] {
+        for entry in std::fs::read_dir(controller.render_dir.join(from))? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), dir.join(to).join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+/// One answer: status, which backend (from `X-Backend`), Location, body.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    backend: String,
+    location: String,
+    body: String,
+}
+
+async fn get(http: &reqwest::Client, host: &str, path: &str) -> Result<Answer> {
+    let response = http.get(format!("http://{FRONTEND}:8080{path}")).header("Host", host).send().await?;
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let (status, backend, location) = (response.status().as_u16(), header("x-backend"), header("location"));
+    Ok(Answer { status, backend, location, body: response.text().await? })
+}
+
+fn ingress(name: &str, annotations: serde_json::Value, rules: serde_json::Value) -> Result<Ingress> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"ingressClassName": "haproxy", "rules": rules}
+    }))?)
+}
+
+fn rule(host: Option<&str>, paths: &[(&str, &str, usize)]) -> serde_json::Value {
+    let paths: Vec<_> = paths
+        .iter()
+        .map(|(path, kind, backend)| {
+            json!({"path": path, "pathType": kind,
+                   "backend": {"service": {"name": format!("svc-{backend}"), "port": {"number": 80}}}})
+        })
+        .collect();
+    match host {
+        Some(host) => json!({"host": host, "http": {"paths": paths}}),
+        None => json!({"http": {"paths": paths}}),
+    }
+}
+
+/// A conformance row: what was asked, what was expected, what came.
+struct Row {
+    case: &'static str,
+    request: String,
+    expected: String,
+    got: String,
+}
+
+impl Row {
+    fn passed(&self) -> bool {
+        self.expected == self.got
+    }
+}
+
+fn outcome(answer: &Answer) -> String {
+    match answer.status {
+        200 => format!("200 {}", answer.backend),
+        301 | 302 | 307 | 308 => format!("{} {}", answer.status, answer.location),
+        status => format!("{status}"),
+    }
+}
+
+async fn check(
+    rows: &mut Vec<Row>,
+    http: &reqwest::Client,
+    case: &'static str,
+    host: &str,
+    path: &str,
+    expected: &str,
+) -> Result<()> {
+    let answer = get(http, host, path).await?;
+    rows.push(Row { case, request: format!("{host}{path}"), expected: expected.to_owned(), got: outcome(&answer) });
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haproxy() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&std::fs::read_to_string(
+        chart_dir().join("crds/haproxytemplateconfigs.haptic.dev.yaml"),
+    )?)?;
+    ensure_crd(&client, crd).await?;
+    let namespace = env.fresh_namespace(&client, "library").await?;
+    let address = own_address()?;
+    let work = tempfile::tempdir()?;
+    let dir = work.path().to_owned();
+
+    // Backends svc-0..5, each a Service with an EndpointSlice on this machine's address.
+    let specs: Vec<String> =
+        (0..BACKENDS).map(|i| format!("svc-{i}={address}:{}", BACKEND_BASE_PORT + i as u16)).collect();
+    let backends = Process(
+        Command::new("python3")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/backend.py"))
+            .args(&specs)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("backends.log"))?)
+            .spawn()?,
+    );
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    for i in 0..BACKENDS {
+        let port = BACKEND_BASE_PORT + i as u16;
+        let service = serde_json::from_value(json!({
+            "metadata": {"name": format!("svc-{i}")},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]}
+        }))?;
+        services.create(&PostParams::default(), &service).await?;
+        let slice = serde_json::from_value(json!({
+            "metadata": {"name": format!("svc-{i}-1"), "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": port}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
+        }))?;
+        slices.create(&PostParams::default(), &slice).await?;
+    }
+
+    // The chart's configuration, bound to this test's address and directories.
+    let set = |key: &str, value: &str| format!("{key}={value}");
+    let values = [
+        set("haproxy.bindAddress", FRONTEND),
+        set("haproxy.ports.http", "8080"),
+        set("haproxy.ports.health", "8404"),
+        set("haproxy.paths.maps", &dir.join("maps").display().to_string()),
+        set("haproxy.paths.general", &dir.join("general").display().to_string()),
+        set("haproxy.paths.runtimeSocket", &dir.join("runtime.sock").display().to_string()),
+        // Only this test's objects: other tests share the API server.
+        set("config.watchedResources.ingresses.namespaces", &format!("{{{namespace}}}")),
+        set("config.watchedResources.services.namespaces", &format!("{{{namespace}}}")),
+        set("config.watchedResources.endpoints.namespaces", &format!("{{{namespace}}}")),
+    ];
+    let mut args: Vec<&str> = Vec::new();
+    for value in &values {
+        args.extend(["--set", value.as_str()]);
+    }
+    let config = render_chart("library", &namespace, &args)?
+        .into_iter()
+        .find(|d| d["kind"] == "HAProxyTemplateConfig")
+        .context("the chart has no HAProxyTemplateConfig")?;
+    let config: DynamicObject = serde_json::from_value(config)?;
+    let discovery = kube::discovery::Discovery::new(client.clone()).filter(&["haptic.dev"]).run().await?;
+    let (resource, _) = discovery
+        .resolve_gvk(&kube::api::GroupVersionKind::gvk("haptic.dev", "v1alpha1", "HAProxyTemplateConfig"))
+        .context("CRD not served")?;
+    let configs: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+    configs.patch("haptic", &PatchParams::apply("library-test"), &Patch::Apply(&config)).await?;
+
+    // The rows' Ingresses.
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let none = json!({});
+    let created = [
+        ingress(
+            "hosts",
+            none.clone(),
+            json!([
+                rule(Some("shop.example.com"), &[("/", "Prefix", 0)]),
+                rule(Some("*.wild.example.com"), &[("/", "Prefix", 1)])
+            ]),
+        )?,
+        ingress(
+            "paths",
+            none.clone(),
+            json!([rule(
+                Some("paths.example.com"),
+                &[
+                    ("/", "Prefix", 0),
+                    ("/exact", "Exact", 2),
+                    ("/foo", "Prefix", 3),
+                    ("/foo/bar", "Prefix", 4),
+                    ("/impl", "ImplementationSpecific", 5)
+                ]
+            )]),
+        )?,
+        ingress("hostless", none.clone(), json!([rule(None, &[("/anyhost", "Prefix", 5)])]))?,
+        ingress(
+            "denied",
+            json!({"haptic.dev/allow-list": "10.0.0.0/8"}),
+            json!([rule(Some("deny.example.com"), &[("/", "Prefix", 0)])]),
+        )?,
+        ingress(
+            "allowed",
+            json!({"haptic.dev/allow-list": "127.0.0.0/8, 192.0.2.0/24, 10.0.0.0/8"}),
+            json!([rule(Some("allow.example.com"), &[("/", "Prefix", 1)])]),
+        )?,
+        ingress(
+            "secure",
+            json!({"haptic.dev/ssl-redirect": "true"}),
+            json!([rule(Some("secure.example.com"), &[("/", "Prefix", 2)])]),
+        )?,
+        ingress(
+            "slow",
+            json!({"haptic.dev/timeout-server": "1s"}),
+            json!([rule(Some("slow.example.com"), &[("/", "Prefix", 3)])]),
+        )?,
+        ingress(
+            "balanced",
+            json!({"haptic.dev/load-balance": "leastconn"}),
+            json!([rule(Some("lb.example.com"), &[("/", "Prefix", 4)])]),
+        )?,
+        ingress("elsewhere", none.clone(), json!([rule(Some("other-class.example.com"), &[("/", "Prefix", 0)])]))?,
+    ];
+    for mut ingress in created {
+        if ingress.metadata.name.as_deref() == Some("elsewhere") {
+            ingress.spec.as_mut().context("spec")?.ingress_class_name = Some("nginx".into());
+        }
+        ingresses.create(&PostParams::default(), &ingress).await?;
+    }
+
+    let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
+    let controller_dir = tempfile::tempdir()?;
+    let journal = controller_dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, &namespace, "haptic", controller_dir, &journal, &launch)?;
+    controller
+        .wait_for_config("the library's render", Duration::from_secs(60), |cfg| {
+            cfg.contains("backend be_") && cfg.contains("lb.example.com")
+        })
+        .await?;
+    install_render(&controller, &dir)?;
+    let haproxy_binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
+    let haproxy = Haproxy::start(&haproxy_binary, &dir)?;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()?;
+
+    let mut rows = Vec::new();
+    check(&mut rows, &http, "host match", "shop.example.com", "/", "200 svc-0").await?;
+    check(&mut rows, &http, "host match is case-insensitive", "SHOP.example.com", "/", "200 svc-0").await?;
+    check(&mut rows, &http, "wildcard host, one label", "a.wild.example.com", "/", "200 svc-1").await?;
+    check(&mut rows, &http, "wildcard host, two labels do not match", "b.a.wild.example.com", "/", "404").await?;
+    check(&mut rows, &http, "wildcard host, the bare domain does not match", "wild.example.com", "/", "404").await?;
+    check(&mut rows, &http, "Exact path", "paths.example.com", "/exact", "200 svc-2").await?;
+    check(&mut rows, &http, "Exact path, trailing slash is another path", "paths.example.com", "/exact/", "200 svc-0")
+        .await?;
+    check(&mut rows, &http, "Prefix /foo matches /foo", "paths.example.com", "/foo", "200 svc-3").await?;
+    check(&mut rows, &http, "Prefix /foo matches /foo/", "paths.example.com", "/foo/", "200 svc-3").await?;
+    check(&mut rows, &http, "Prefix /foo matches /foo/x", "paths.example.com", "/foo/x", "200 svc-3").await?;
+    check(&mut rows, &http, "Prefix /foo does not match /foobar", "paths.example.com", "/foobar", "200 svc-0").await?;
+    check(&mut rows, &http, "longest prefix wins", "paths.example.com", "/foo/bar/baz", "200 svc-4").await?;
+    check(&mut rows, &http, "ImplementationSpecific (as Prefix)", "paths.example.com", "/impl/x", "200 svc-5").await?;
+    check(&mut rows, &http, "rule without host, any host", "anything.example.org", "/anyhost/x", "200 svc-5").await?;
+    check(&mut rows, &http, "unknown host", "nowhere.example.com", "/", "404").await?;
+    let not_found = get(&http, "nowhere.example.com", "/").await?;
+    rows.push(Row {
+        case: "404 error page content",
+        request: "nowhere.example.com/".into(),
+        expected: "No route matches this host and path.".into(),
+        got: not_found.body.trim().to_owned(),
+    });
+    check(&mut rows, &http, "another class's Ingress is not served", "other-class.example.com", "/", "404").await?;
+    check(&mut rows, &http, "allow-list denies others", "deny.example.com", "/", "403").await?;
+    check(&mut rows, &http, "allow-list admits its networks", "allow.example.com", "/", "200 svc-1").await?;
+    check(&mut rows, &http, "ssl-redirect", "secure.example.com", "/x?y=1", "308 https://secure.example.com/x?y=1")
+        .await?;
+    check(&mut rows, &http, "timeout-server 1s ends a 3 s answer", "slow.example.com", "/slow?seconds=3", "504")
+        .await?;
+    check(&mut rows, &http, "timeout-server 1s lets a quick answer through", "slow.example.com", "/", "200 svc-3")
+        .await?;
+    let rendered = controller.file("haproxy.cfg");
+    let balanced =
+        rendered.split("backend be_").find(|b| b.starts_with(&format!("{namespace}_balanced_"))).unwrap_or_default();
+    rows.push(Row {
+        case: "load-balance leastconn (in the backend)",
+        request: "lb.example.com/".into(),
+        expected: "balance leastconn".into(),
+        got: balanced.lines().find(|l| l.trim().starts_with("balance")).unwrap_or_default().trim().to_owned(),
+    });
+    check(&mut rows, &http, "load-balance leastconn still routes", "lb.example.com", "/", "200 svc-4").await?;
+
+    // A default backend, then a hostile Ingress: refused with an Event, never rendered, the rest served.
+    let default: Ingress = serde_json::from_value(json!({
+        "metadata": {"name": "fallback"},
+        "spec": {"ingressClassName": "haproxy", "defaultBackend": {"service": {"name": "svc-2", "port": {"number": 80}}}}
+    }))?;
+    ingresses.create(&PostParams::default(), &default).await?;
+    let hostile = ingress(
+        "hostile",
+        none.clone(),
+        json!([rule(Some("shop.example.com"), &[("/x be_default", "ImplementationSpecific", 1)])]),
+    )?;
+    ingresses.create(&PostParams::default(), &hostile).await?;
+    controller
+        .wait_for_config("the default backend", Duration::from_secs(30), |cfg| cfg.contains("backend be_default"))
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    install_render(&controller, &dir)?;
+    haproxy.reload()?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check(&mut rows, &http, "spec.defaultBackend for an unknown host", "nowhere.example.com", "/", "200 svc-2").await?;
+    check(&mut rows, &http, "hostile path: not routed", "shop.example.com", "/x%20be_default", "200 svc-0").await?;
+    check(&mut rows, &http, "hostile path: the rest still served", "paths.example.com", "/foo/bar", "200 svc-4")
+        .await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let refusal = loop {
+        let found = events.list(&ListParams::default()).await?.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("Refused")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("hostile")
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        if Instant::now() > deadline {
+            bail!("no Refused Event on the hostile Ingress\n{}", controller.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    rows.push(Row {
+        case: "hostile path: Warning Event on the Ingress",
+        request: "Ingress hostile".into(),
+        expected: "Refused".into(),
+        got: refusal.reason.clone().unwrap_or_default(),
+    });
+    let maps: BTreeMap<String, String> = std::fs::read_dir(dir.join("maps"))?
+        .filter_map(|e| e.ok())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+        .collect();
+    ensure!(!maps.values().any(|m| m.contains("be_default")), "the hostile path reached a map: {maps:?}");
+
+    let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
+    for row in &rows {
+        let mark = if row.passed() { "pass" } else { "FAIL" };
+        table.push_str(&format!("| {} | `{}` | {} | {} | {mark} |\n", row.case, row.request, row.expected, row.got));
+    }
+    println!("{table}");
+    let _ = std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/library-conformance.md"), &table);
+    let failed: Vec<&Row> = rows.iter().filter(|r| !r.passed()).collect();
+    ensure!(
+        failed.is_empty(),
+        "{} rows failed:\n{table}\n--- haproxy.cfg ---\n{}\n{}",
+        failed.len(),
+        rendered,
+        haproxy.log()
+    );
+    drop(backends);
+    Ok(())
+}
