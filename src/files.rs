@@ -43,20 +43,41 @@ impl fmt::Debug for Checksum {
     }
 }
 
-/// One rendered file and its checksum.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One rendered file and its checksum. A sensitive file (a certificate with its private key)
+/// is deployed like any other but never shown: its `Debug` hides the content, and the HTTP API
+/// and the render directory give its checksum only.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RenderedFile {
     /// The text.
     pub content: String,
     /// SHA-256 of `content`.
     pub checksum: Checksum,
+    /// Whether the content is secret (holds a private key).
+    pub sensitive: bool,
 }
 
 impl RenderedFile {
     /// Wraps content, computing its checksum.
     pub fn new(content: String) -> Self {
         let checksum = Checksum::of(content.as_bytes());
-        Self { content, checksum }
+        Self { content, checksum, sensitive: false }
+    }
+
+    /// Wraps secret content (a certificate with its key).
+    pub fn sensitive(content: String) -> Self {
+        Self { sensitive: true, ..Self::new(content) }
+    }
+}
+
+impl fmt::Debug for RenderedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("RenderedFile");
+        if self.sensitive {
+            debug.field("content", &format_args!("<{} secret bytes>", self.content.len()));
+        } else {
+            debug.field("content", &self.content);
+        }
+        debug.field("checksum", &self.checksum).finish()
     }
 }
 
@@ -69,15 +90,18 @@ pub struct FileSet {
     pub maps: BTreeMap<String, RenderedFile>,
     /// General files (error pages...) by name.
     pub files: BTreeMap<String, RenderedFile>,
+    /// TLS certificates (PEM with their keys) by name; always sensitive.
+    pub certs: BTreeMap<String, RenderedFile>,
 }
 
 impl FileSet {
     /// Every file with its path relative to an output directory: `haproxy.cfg`, `maps/<name>`,
-    /// `files/<name>`, in a stable order.
+    /// `files/<name>`, `certs/<name>`, in a stable order.
     pub fn entries(&self) -> impl Iterator<Item = (String, &RenderedFile)> {
         std::iter::once(("haproxy.cfg".to_owned(), &self.haproxy_cfg))
             .chain(self.maps.iter().map(|(name, file)| (format!("maps/{name}"), file)))
             .chain(self.files.iter().map(|(name, file)| (format!("files/{name}"), file)))
+            .chain(self.certs.iter().map(|(name, file)| (format!("certs/{name}"), file)))
     }
 }
 
@@ -96,8 +120,15 @@ mod tests {
             haproxy_cfg: RenderedFile::new("global\n".into()),
             maps: BTreeMap::from([("host.map".into(), RenderedFile::new(String::new()))]),
             files: BTreeMap::from([("500.http".into(), RenderedFile::new(String::new()))]),
+            certs: BTreeMap::from([("web_shop.pem".into(), RenderedFile::sensitive("KEY".into()))]),
         };
         let names: Vec<_> = set.entries().map(|(name, _)| name).collect();
-        assert_eq!(names, ["haproxy.cfg", "maps/host.map", "files/500.http"]);
+        assert_eq!(names, ["haproxy.cfg", "maps/host.map", "files/500.http", "certs/web_shop.pem"]);
+    }
+
+    #[test]
+    fn sensitive_content_never_shows_in_debug() {
+        let shown = format!("{:?}", RenderedFile::sensitive("-----BEGIN PRIVATE KEY-----".into()));
+        assert!(!shown.contains("PRIVATE") && shown.contains("27 secret bytes"), "{shown}");
     }
 }

@@ -72,7 +72,14 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         &["--set", "serviceMonitor.enabled=true", "--set", "haproxy.dataplane.existingSecret=mine"],
     )?;
     ensure!(kinds(&shaped).iter().any(|k| k == "ServiceMonitor"));
-    ensure!(!kinds(&shaped).iter().any(|k| k == "Secret"), "an existing Secret is used, not generated");
+    ensure!(
+        !shaped.iter().any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "rel-haptic-dataplane"),
+        "an existing Secret is used, not generated"
+    );
+    ensure!(
+        plain.iter().any(|d| d["kind"] == "Secret" && d["type"] == "kubernetes.io/tls"),
+        "a default certificate is generated"
+    );
 
     // Adding a watched type adds its RBAC rule, cluster-wide or in the namespaces it names.
     let watched = render_chart(
@@ -172,6 +179,9 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         ("watch", "haptic.dev", "haproxytemplateconfigs", ns, None, None),
         ("patch", "haptic.dev", "haproxytemplateconfigs", ns, Some("haptic"), Some("status")),
         ("get", "", "secrets", ns, Some(secret.as_str()), None),
+        // TLS certificates of Ingresses (listed with a type=kubernetes.io/tls field selector).
+        ("list", "", "secrets", None, None, None),
+        ("watch", "", "secrets", None, None, None),
         ("create", "coordination.k8s.io", "leases", ns, None, None),
         ("patch", "coordination.k8s.io", "leases", ns, Some(fullname.as_str()), None),
         ("create", "events.k8s.io", "events", ns, None, None),
@@ -185,9 +195,9 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         );
     }
     let denied = [
-        ("list", "", "secrets", ns, None, None),
-        ("get", "", "secrets", ns, Some("someone-elses"), None),
-        ("get", "", "secrets", Some("kube-system"), Some(secret.as_str()), None),
+        ("create", "", "secrets", ns, None, None),
+        ("update", "", "secrets", ns, Some(secret.as_str()), None),
+        ("delete", "", "secrets", Some("kube-system"), Some("any"), None),
         ("delete", "", "pods", ns, Some("haproxy-0"), None),
         ("list", "", "pods", Some("kube-system"), None, None),
         ("patch", "networking.k8s.io", "ingresses", ns, Some("web"), None),

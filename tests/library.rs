@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use env::chart::{chart_dir, haproxy_binaries, render_chart};
 use env::controller::{ControllerProcess, Launch, ensure_crd};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -95,10 +95,32 @@ impl Haproxy {
     }
 }
 
-/// Puts the controller's latest render where the configuration's paths point.
-fn install_render(controller: &ControllerProcess, dir: &Path) -> Result<()> {
+/// Puts the controller's latest render where the configuration's paths point. Certificates are
+/// never in the render directory (they hold keys): each one the crt-list names is written from
+/// the Secret it came from (`<namespace>_<secret>_<hash>.pem`).
+fn install_render(
+    controller: &ControllerProcess,
+    dir: &Path,
+    namespace: &str,
+    pems: &BTreeMap<String, String>,
+) -> Result<()> {
     std::fs::create_dir_all(dir.join("maps"))?;
     std::fs::create_dir_all(dir.join("general"))?;
+    std::fs::create_dir_all(dir.join("certs"))?;
+    let crt_list = std::fs::read_to_string(controller.render_dir.join("files/crt-list.txt")).unwrap_or_default();
+    for path in crt_list.lines().filter_map(|line| line.split_whitespace().next()) {
+        let file =
+            Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
+        let (secret, pem) = pems
+            .iter()
+            .find(|(secret, _)| file.starts_with(&format!("{namespace}_{secret}_")))
+            .with_context(|| format!("{file} names no Secret of the test"))?;
+        ensure!(
+            !controller.render_dir.join("certs").join(&file).exists(),
+            "the key of {secret} reached the render directory"
+        );
+        std::fs::write(dir.join("certs").join(&file), pem)?;
+    }
     std::fs::copy(controller.render_dir.join("haproxy.cfg"), dir.join("haproxy.cfg"))?;
     for (from, to) in [("maps", "maps"), ("files", "general")] {
         for entry in std::fs::read_dir(controller.render_dir.join(from))? {
@@ -107,6 +129,51 @@ fn install_render(controller: &ControllerProcess, dir: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A self-signed certificate and key (PEM) for `subject`, made with openssl.
+fn self_signed(dir: &Path, subject: &str) -> Result<(String, String)> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj"])
+        .arg(format!("/CN={subject}"))
+        .arg("-addext")
+        .arg(format!("subjectAltName=DNS:{subject}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .context("running openssl (needed to make test certificates)")?;
+    ensure!(made.status.success(), "openssl req failed: {}", String::from_utf8_lossy(&made.stderr));
+    Ok((std::fs::read_to_string(cert)?, std::fs::read_to_string(key)?))
+}
+
+/// The subject of the certificate HAProxy serves for an SNI name.
+fn served_subject(server_name: &str) -> Result<String> {
+    let script = format!(
+        "openssl s_client -connect {FRONTEND}:8443 -servername {server_name} </dev/null 2>/dev/null | openssl x509 -noout -subject"
+    );
+    let output = Command::new("sh").arg("-c").arg(script).output()?;
+    Ok(String::from_utf8(output.stdout)?.trim().trim_start_matches("subject=").to_owned())
+}
+
+/// An HTTPS request with curl (`--resolve`, so SNI and Host are the name): status and backend.
+fn curl_https(host: &str, path: &str) -> Result<String> {
+    let output = Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code} %header{x-backend}", "--resolve"])
+        .arg(format!("{host}:8443:{FRONTEND}"))
+        .arg(format!("https://{host}:8443{path}"))
+        .output()
+        .context("running curl")?;
+    Ok(String::from_utf8(output.stdout)?.trim().to_owned())
+}
+
+fn tls_ingress(name: &str, rules: serde_json::Value, tls: serde_json::Value) -> Result<Ingress> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"ingressClassName": "haproxy", "rules": rules, "tls": tls}
+    }))?)
 }
 
 /// One answer: status, which backend (from `X-Backend`), Location, body.
@@ -232,6 +299,9 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
         set("haproxy.paths.maps", &dir.join("maps").display().to_string()),
         set("haproxy.paths.general", &dir.join("general").display().to_string()),
         set("haproxy.paths.runtimeSocket", &dir.join("runtime.sock").display().to_string()),
+        set("haproxy.paths.certs", &dir.join("certs").display().to_string()),
+        set("haproxy.ports.https", "8443"),
+        set("config.watchedResources.secrets.namespaces", &format!("{{{namespace}}}")),
         // Only this test's objects: other tests share the API server.
         set("config.watchedResources.ingresses.namespaces", &format!("{{{namespace}}}")),
         set("config.watchedResources.services.namespaces", &format!("{{{namespace}}}")),
@@ -253,17 +323,35 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
     let configs: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
     configs.patch("haptic", &PatchParams::apply("library-test"), &Patch::Apply(&config)).await?;
 
+    // TLS: the chart's default certificate Secret and two of the Ingresses'.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut pems = BTreeMap::new();
+    for (secret, subject) in [
+        ("library-haptic-default-cert", "haptic-default"),
+        ("shop-tls", "shop.example.com"),
+        ("wild-tls", "*.wild.example.com"),
+    ] {
+        let (certificate, key) = self_signed(&dir, subject)?;
+        pems.insert(secret.to_owned(), format!("{certificate}{key}"));
+        let object = serde_json::from_value(json!({
+            "metadata": {"name": secret}, "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": certificate, "tls.key": key}
+        }))?;
+        secrets.create(&PostParams::default(), &object).await?;
+    }
+
     // The rows' Ingresses.
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     let none = json!({});
     let created = [
-        ingress(
+        tls_ingress(
             "hosts",
-            none.clone(),
             json!([
                 rule(Some("shop.example.com"), &[("/", "Prefix", 0)]),
                 rule(Some("*.wild.example.com"), &[("/", "Prefix", 1)])
             ]),
+            json!([{"hosts": ["shop.example.com"], "secretName": "shop-tls"},
+                           {"hosts": ["*.wild.example.com"], "secretName": "wild-tls"}]),
         )?,
         ingress(
             "paths",
@@ -323,7 +411,7 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
             cfg.contains("backend be_") && cfg.contains("lb.example.com")
         })
         .await?;
-    install_render(&controller, &dir)?;
+    install_render(&controller, &dir, &namespace, &pems)?;
     let haproxy_binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
     let haproxy = Haproxy::start(&haproxy_binary, &dir)?;
     let http = reqwest::Client::builder()
@@ -374,6 +462,29 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
         got: balanced.lines().find(|l| l.trim().starts_with("balance")).unwrap_or_default().trim().to_owned(),
     });
     check(&mut rows, &http, "load-balance leastconn still routes", "lb.example.com", "/", "200 svc-4").await?;
+    for (case, server_name, subject) in [
+        ("TLS: SNI selects the Ingress's certificate", "shop.example.com", "CN = shop.example.com"),
+        ("TLS: wildcard TLS host by SNI", "a.wild.example.com", "CN = *.wild.example.com"),
+        ("TLS: unknown SNI gets the default certificate", "nowhere.example.com", "CN = haptic-default"),
+    ] {
+        rows.push(Row {
+            case,
+            request: format!("SNI {server_name}"),
+            expected: subject.into(),
+            got: served_subject(server_name)?,
+        });
+    }
+    for (case, host, path, expected) in [
+        ("TLS: HTTPS request routed like HTTP", "shop.example.com", "/", "200 svc-0"),
+        ("TLS: ssl-redirect leaves HTTPS alone", "secure.example.com", "/x", "200 svc-2"),
+    ] {
+        rows.push(Row {
+            case,
+            request: format!("https://{host}{path}"),
+            expected: expected.into(),
+            got: curl_https(host, path)?,
+        });
+    }
 
     // A default backend, then a hostile Ingress: refused with an Event, never rendered, the rest served.
     let default: Ingress = serde_json::from_value(json!({
@@ -391,7 +502,7 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
         .wait_for_config("the default backend", Duration::from_secs(30), |cfg| cfg.contains("backend be_default"))
         .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    install_render(&controller, &dir)?;
+    install_render(&controller, &dir, &namespace, &pems)?;
     haproxy.reload()?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     check(&mut rows, &http, "spec.defaultBackend for an unknown host", "nowhere.example.com", "/", "200 svc-2").await?;

@@ -33,6 +33,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.haproxy.dataplane.existingSecret | default (printf "%s-dataplane" (include "haptic.fullname" .)) -}}
 {{- end -}}
 
+{{- define "haptic.defaultCertificateSecret" -}}
+{{- .Values.tls.defaultCertificateSecret | default (printf "%s-default-cert" (include "haptic.fullname" .)) -}}
+{{- end -}}
+
 {{/* The plural of a kind for RBAC, as Kubernetes derives it, unless the value names it. */}}
 {{- define "haptic.plural" -}}
 {{- $kind := lower .kind -}}

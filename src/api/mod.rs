@@ -254,7 +254,9 @@ async fn config(State(state): State<ApiState>) -> Response {
             let files: Vec<_> = current
                 .files
                 .entries()
-                .map(|(name, f)| json!({"name": name, "size": f.content.len(), "checksum": f.checksum.to_string()}))
+                .map(|(name, f)| {
+                    json!({"name": name, "size": f.content.len(), "checksum": f.checksum.to_string(), "secret": f.sensitive})
+                })
                 .collect();
             Json(json!({"generation": current.generation, "files": files})).into_response()
         }
@@ -267,6 +269,10 @@ async fn config_file(State(state): State<ApiState>, Path(name): Path<String>) ->
         return error(StatusCode::NOT_FOUND, "nothing has been rendered yet".into());
     };
     match current.files.entries().find(|(path, _)| *path == name) {
+        // A certificate carries its private key: its checksum is listed, its content never served.
+        Some((_, file)) if file.sensitive => {
+            error(StatusCode::FORBIDDEN, format!("{name} holds a private key and is not served"))
+        }
         Some((_, file)) => {
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], file.content.clone()).into_response()
         }
@@ -310,13 +316,15 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/config": {"get": {"responses": {
                 "200": json_response("the current render", json!({"type": "object", "required": ["generation", "files"],
                     "properties": {"generation": {"type": "integer"}, "files": {"type": "array", "items": {
-                        "type": "object", "required": ["name", "size", "checksum"], "properties": {
-                            "name": {"type": "string"}, "size": {"type": "integer"}, "checksum": {"type": "string"}}}}}})),
+                        "type": "object", "required": ["name", "size", "checksum", "secret"], "properties": {
+                            "name": {"type": "string"}, "size": {"type": "integer"}, "checksum": {"type": "string"},
+                            "secret": {"type": "boolean"}}}}}})),
                 "404": json_response("nothing rendered yet", error.clone())}}},
             "/api/v1/config/files/{name}": {"get": {
                 "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "responses": {
                     "200": {"description": "the file", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    "403": json_response("a certificate with its private key: never served", error.clone()),
                     "404": json_response("no such file", error.clone())}}},
             "/api/v1/openapi.json": {"get": {"responses": {"200": json_response("this document", json!({"type": "object"}))}}},
             "/metrics": {"get": {"responses": {"200": {"description": "Prometheus metrics (docs/metrics.md)",
@@ -390,6 +398,7 @@ mod tests {
             haproxy_cfg: RenderedFile::new("global\n".into()),
             maps: BTreeMap::from([("host.map".into(), RenderedFile::new("a b\n".into()))]),
             files: BTreeMap::new(),
+            certs: BTreeMap::from([("web_shop.pem".into(), RenderedFile::sensitive("PRIVATE KEY x\n".into()))]),
         };
         state.set_render(4, Arc::new(files));
         (state, dir)
@@ -416,6 +425,11 @@ mod tests {
         let config: serde_json::Value = get("/api/v1/config").await.json().await.unwrap();
         assert_eq!(config["generation"], 4);
         assert_eq!(get("/api/v1/config/files/maps/host.map").await.text().await.unwrap(), "a b\n");
+        assert_eq!(config["files"][2]["name"], "certs/web_shop.pem");
+        assert_eq!(config["files"][2]["secret"], true);
+        let certificate = get("/api/v1/config/files/certs/web_shop.pem").await;
+        assert_eq!(certificate.status().as_u16(), 403);
+        assert!(!certificate.text().await.unwrap().contains("PRIVATE KEY"), "a private key was served");
     }
 
     #[tokio::test]

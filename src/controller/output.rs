@@ -73,7 +73,9 @@ impl RenderSink {
 }
 
 fn write_render(dir: &Path, files: &FileSet, record: &RenderRecord<'_>) -> std::io::Result<()> {
-    for (relative, file) in files.entries() {
+    // Certificates carry private keys: renders.log lists their checksums, their content stays
+    // with the pods.
+    for (relative, file) in files.entries().filter(|(_, file)| !file.sensitive) {
         let path = dir.join(&relative);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;

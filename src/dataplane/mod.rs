@@ -74,13 +74,16 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// The two kinds of auxiliary file storage the Dataplane API keeps.
+/// The kinds of auxiliary file storage the Dataplane API keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StorageKind {
     /// Map files (`maps_dir`).
     Maps,
     /// General files such as error pages (`general_storage_dir`).
     General,
+    /// TLS certificates with their keys (`ssl_certs_dir`); the API lists them but never gives
+    /// their content back.
+    Certificates,
 }
 
 impl StorageKind {
@@ -88,6 +91,7 @@ impl StorageKind {
         match self {
             Self::Maps => "services/haproxy/storage/maps",
             Self::General => "services/haproxy/storage/general",
+            Self::Certificates => "services/haproxy/storage/ssl_certificates",
         }
     }
 }
@@ -348,7 +352,8 @@ impl DataplaneClient {
             let path = format!("{}/{name}", kind.path());
             let request = match kind {
                 // Maps are replaced as plain text; general files as a multipart upload.
-                StorageKind::Maps => self
+                // Certificates are replaced with the PEM as the body, as the API's specification says.
+                StorageKind::Maps | StorageKind::Certificates => self
                     .request(Method::PUT, &path)
                     .query(&skip_reload)
                     .header(reqwest::header::CONTENT_TYPE, "text/plain")

@@ -105,6 +105,7 @@ fn prefix(kind: StorageKind) -> &'static str {
     match kind {
         StorageKind::Maps => "maps",
         StorageKind::General => "files",
+        StorageKind::Certificates => "certs",
     }
 }
 
@@ -131,17 +132,36 @@ impl PodActions for DataplaneActions {
         let (_, raw) = client.raw_configuration().await.map_err(|e| e.to_string())?;
         let mut checksums = vec![("haproxy.cfg".to_owned(), Checksum::of(without_version_line(&raw).as_bytes()))];
         for kind in [StorageKind::Maps, StorageKind::General] {
-            for name in client.list_storage(kind).await.map_err(|e| e.to_string())? {
+            let mut names = client.list_storage(kind).await.map_err(|e| e.to_string())?;
+            names.sort();
+            for name in names {
                 if let Some(content) = client.get_storage(kind, &name).await.map_err(|e| e.to_string())? {
                     checksums.push((format!("{}/{name}", prefix(kind)), Checksum::of(content.as_bytes())));
                 }
             }
+        }
+        // Certificates are never given back; their names carry their content's hash, and a
+        // certificate is known by its name (see Desired::new).
+        let mut certificates = client.list_storage(StorageKind::Certificates).await.map_err(|e| e.to_string())?;
+        certificates.sort();
+        for name in certificates {
+            let path = format!("certs/{name}");
+            checksums.push((path.clone(), Checksum::of(path.as_bytes())));
         }
         Ok(Some(checksums))
     }
 
     async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, String> {
         let client = self.client(pod)?;
+        // New certificates go up beside the old ones (a changed one has a new name).
+        let present = client.list_storage(StorageKind::Certificates).await.map_err(|e| e.to_string())?;
+        for (name, file) in &desired.files.certs {
+            if !present.contains(name) {
+                let kind = StorageKind::Certificates;
+                self.record_upload(&pod.uid, Upload { kind, name: name.clone(), original: None });
+                client.put_storage(kind, name, &file.content, false).await.map_err(|e| e.to_string())?;
+            }
+        }
         for (kind, name, content) in desired_storage(desired) {
             let current = client.get_storage(kind, name).await.map_err(|e| e.to_string())?;
             if current.as_deref() != Some(content) {
@@ -176,9 +196,10 @@ impl PodActions for DataplaneActions {
         }
         // The configuration that referred to them is gone: remove files no longer desired.
         let wanted: Vec<(StorageKind, &str)> = desired_storage(desired).into_iter().map(|(k, n, _)| (k, n)).collect();
-        for kind in [StorageKind::Maps, StorageKind::General] {
+        for kind in [StorageKind::Maps, StorageKind::General, StorageKind::Certificates] {
             for name in client.list_storage(kind).await.map_err(|e| e.to_string())? {
-                if !wanted.contains(&(kind, name.as_str())) {
+                let certificate_wanted = kind == StorageKind::Certificates && desired.files.certs.contains_key(&name);
+                if !certificate_wanted && !wanted.contains(&(kind, name.as_str())) {
                     client.delete_storage(kind, &name).await.map_err(|e| e.to_string())?;
                 }
             }
@@ -217,7 +238,7 @@ mod tests {
 }
 
 /// Request shapes only: what the adapter sends for a validate-then-push of a configuration
-/// with one new map, against a scripted server. The real API is exercised by the
+/// with one new map and one new certificate, against a scripted server. The real API is exercised by the
 /// integration tests once it can be built here.
 #[cfg(test)]
 mod request_shapes {
@@ -277,6 +298,23 @@ mod request_shapes {
             .respond_with(json("[]"))
             .mount(&server)
             .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/storage/ssl_certificates")))
+            .respond_with(json(r#"[{"storage_name":"web_shop_000000000000.pem"}]"#))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/storage/ssl_certificates")))
+            .and(query_param("skip_reload", "true"))
+            .respond_with(ResponseTemplate::new(201))
+            .mount(&server)
+            .await;
+        Mock::given(method("DELETE"))
+            .and(path(format!("{base}/storage/ssl_certificates/web_shop_000000000000.pem")))
+            .and(query_param("skip_reload", "true"))
+            .respond_with(ResponseTemplate::new(204))
+            .mount(&server)
+            .await;
         Mock::given(method("DELETE"))
             .and(path(format!("{base}/storage/maps/old.map")))
             .and(query_param("skip_reload", "true"))
@@ -295,6 +333,10 @@ mod request_shapes {
             haproxy_cfg: RenderedFile::new("global\n".into()),
             maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new("example.com be_app\n".into()))]),
             files: BTreeMap::new(),
+            certs: BTreeMap::from([(
+                "web_shop_5f1c0d9e2a7b.pem".to_owned(),
+                RenderedFile::sensitive("-----BEGIN CERTIFICATE-----\n".into()),
+            )]),
         });
         assert_eq!(actions.validate(&pod, &desired).await.unwrap(), Validation::Passed);
         assert_eq!(actions.push(&pod, &desired).await.unwrap(), desired.checksums);
@@ -305,6 +347,8 @@ mod request_shapes {
         assert_eq!(
             seen,
             [
+                "GET /storage/ssl_certificates",
+                "POST /storage/ssl_certificates",
                 "GET /storage/maps/host.map",
                 "POST /storage/maps",
                 "GET /configuration/version",
@@ -315,9 +359,13 @@ mod request_shapes {
                 "GET /storage/maps",
                 "DELETE /storage/maps/old.map",
                 "GET /storage/general",
+                "GET /storage/ssl_certificates",
+                "DELETE /storage/ssl_certificates/web_shop_000000000000.pem",
             ]
         );
-        let upload = String::from_utf8_lossy(&requests[1].body);
+        let certificate = String::from_utf8_lossy(&requests[1].body);
+        assert!(certificate.contains("filename=\"web_shop_5f1c0d9e2a7b.pem\""), "{certificate}");
+        let upload = String::from_utf8_lossy(&requests[3].body);
         assert!(
             upload.contains("name=\"file_upload\"; filename=\"host.map\"") && upload.contains("example.com be_app"),
             "{upload}"

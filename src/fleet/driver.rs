@@ -49,7 +49,15 @@ pub struct Desired {
 impl Desired {
     /// Wraps a render.
     pub fn new(files: FileSet) -> Self {
-        let checksums = files.entries().map(|(name, file)| (name, file.checksum)).collect();
+        // A certificate is known by its name, which carries its content's hash: the Dataplane
+        // API never gives a certificate back, so its name is all a verification can compare.
+        let checksums = files
+            .entries()
+            .map(|(name, file)| {
+                let checksum = if file.sensitive { crate::files::Checksum::of(name.as_bytes()) } else { file.checksum };
+                (name, checksum)
+            })
+            .collect();
         Self { files: Arc::new(files), checksums, trace: None }
     }
 
@@ -504,6 +512,7 @@ mod tests {
             haproxy_cfg: RenderedFile::new(format!("global # {tag}\n")),
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
+            certs: BTreeMap::new(),
         }))
     }
 

@@ -130,6 +130,7 @@ mod tests {
             haproxy_cfg: RenderedFile::new(format!("global # {tag}\n")),
             maps: Map::new(),
             files: Map::new(),
+            certs: Map::new(),
         }))
     }
 

@@ -200,6 +200,22 @@ fn template_value(object: &StoredObject) -> Value {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     collectors: std::sync::Mutex<std::collections::BTreeMap<String, Value>>,
+    /// Certificates registered by `tls_certificate(...)`, by file name.
+    certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
+}
+
+impl Shared {
+    /// Registers a certificate file of this render (the same name twice keeps one).
+    pub(crate) fn add_cert(&self, name: String, pem: String) {
+        if let Ok(mut certs) = self.certs.lock() {
+            certs.entry(name).or_insert_with(|| crate::files::RenderedFile::sensitive(pem));
+        }
+    }
+
+    /// The certificates registered so far.
+    pub(crate) fn certs(&self) -> std::collections::BTreeMap<String, crate::files::RenderedFile> {
+        self.certs.lock().map(|certs| certs.clone()).unwrap_or_default()
+    }
 }
 
 impl Object for Shared {

@@ -189,6 +189,50 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
     Ok(Value::from(routes))
 }
 
+/// `tls_certificate(secret)`: registers the certificate of a `kubernetes.io/tls` Secret as a
+/// file of this render (its `tls.crt` then its `tls.key`, decoded from the Secret's base64) named
+/// `<namespace>_<name>_<12 hex digits of its SHA-256>.pem`, and gives that name. The content is
+/// in the name because the Dataplane API does not give certificates back: a changed certificate
+/// is a new file, uploaded beside the old one until the configuration using it is in force. A Secret without both keys, or whose keys are
+/// not PEM, is refused and blamed; no error ever quotes the Secret's content.
+pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error> {
+    use base64::Engine as _;
+    let metadata = attr(secret, "metadata");
+    let field = |name: &str| metadata.as_ref().and_then(|m| attr(m, name)).map(|v| v.to_string()).unwrap_or_default();
+    let (namespace, name) = (field("namespace"), field("name"));
+    let refuse = |why: &str| {
+        super::context::blame_last_object();
+        Error::new(ErrorKind::InvalidOperation, format!("tls_certificate: Secret {namespace}/{name} {why}"))
+    };
+    if secret.is_undefined() || secret.is_none() {
+        return Err(Error::new(ErrorKind::InvalidOperation, "tls_certificate: no such Secret (is it watched?)"));
+    }
+    let data = attr(secret, "data").ok_or_else(|| refuse("has no data"))?;
+    let decode = |key: &str| -> Result<String, Error> {
+        let encoded = attr(&data, key).ok_or_else(|| refuse(&format!("has no {key}")))?.to_string();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .map_err(|_| refuse(&format!("has a {key} that is not base64")))?;
+        let text = String::from_utf8(bytes).map_err(|_| refuse(&format!("has a {key} that is not PEM text")))?;
+        if !text.contains("-----BEGIN ") {
+            return Err(refuse(&format!("has a {key} that is not PEM")));
+        }
+        Ok(text)
+    };
+    let (certificate, key) = (decode("tls.crt")?, decode("tls.key")?);
+    let mut pem = certificate;
+    if !pem.ends_with('\n') {
+        pem.push('\n');
+    }
+    pem.push_str(&key);
+    if !pem.ends_with('\n') {
+        pem.push('\n');
+    }
+    let digest = crate::files::Checksum::of(pem.as_bytes()).to_string();
+    let file = super::filters::map_key(&format!("{namespace}_{name}_{}.pem", &digest[..12]))?;
+    Ok((file, pem))
+}
+
 /// The port of a Service that an Ingress backend's `port` (`{number}` or `{name}`) refers to:
 /// its name (possibly empty) when the Service has such a port.
 fn service_port_name(service: &Value, wanted: &Value) -> Option<Option<Value>> {

@@ -156,6 +156,20 @@ impl Renderer {
             library::service_endpoints(&service, &port, &slices)
         });
         let dirs = &spec.dataplane;
+        let certs_dir = dirs.certs_dir.trim_end_matches('/').to_owned();
+        env.add_function("tls_certificate", move |state: &minijinja::State, secret: Value| {
+            let (name, pem) = library::tls_certificate(&secret)?;
+            let shared = state.lookup("shared").ok_or_else(|| {
+                minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    "tls_certificate needs the render's shared state",
+                )
+            })?;
+            if let Some(shared) = shared.downcast_object_ref::<context::Shared>() {
+                shared.add_cert(name.clone(), pem);
+            }
+            Ok(format!("{certs_dir}/{name}"))
+        });
         for (function, dir) in
             [("map_path", &dirs.maps_dir), ("file_path", &dirs.general_dir), ("cert_path", &dirs.certs_dir)]
         {
@@ -220,11 +234,12 @@ impl Renderer {
     pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
         context::reset_tracking();
         let resources = Value::from_object(context::Resources::new(stores));
+        let shared = Value::from_object(context::Shared::default());
         let ctx = minijinja::context! {
             resources => resources,
             pods => Value::from(Serde(pods)),
             extraContext => self.extra_context.clone(),
-            shared => Value::from_object(context::Shared::default()),
+            shared => shared.clone(),
         };
         let render = |name: &str| -> Result<RenderedFile, RenderError> {
             let template = self.env.get_template(name).map_err(|error| self.render_error(name, &error))?;
@@ -239,7 +254,8 @@ impl Renderer {
         for name in &self.file_names {
             files.insert(name.clone(), render(&format!("files/{name}"))?);
         }
-        Ok(FileSet { haproxy_cfg, maps, files })
+        let certs = shared.downcast_object_ref::<context::Shared>().map(context::Shared::certs).unwrap_or_default();
+        Ok(FileSet { haproxy_cfg, maps, files, certs })
     }
 
     /// Renders, leaving out objects whose values are refused, one at a time, up to `max_left_out`,
