@@ -536,6 +536,32 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
         .collect();
     ensure!(!maps.values().any(|m| m.contains("be_default")), "the hostile path reached a map: {maps:?}");
 
+    // Scaling a Service within its backend's capacity: servers keep their names, so the change
+    // is one the Runtime API can make (the planner's verdict), no reload.
+    let before = controller.file("haproxy.cfg");
+    let extra = serde_json::from_value(json!({
+        "metadata": {"name": "svc-0-2", "labels": {"kubernetes.io/service-name": "svc-0"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": BACKEND_BASE_PORT + 6}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
+    }))?;
+    slices.create(&PostParams::default(), &extra).await?;
+    let second = format!("{address}:{}", BACKEND_BASE_PORT + 6);
+    controller.wait_for_config("the scaled Service", Duration::from_secs(30), |cfg| cfg.contains(&second)).await?;
+    let after = controller.file("haproxy.cfg");
+    let parse = haptic::plan::config::parse;
+    let verdict = match haptic::plan::runtime_difference(&parse(&before), &parse(&after)) {
+        // Expected: two (address, state) in each of the three backends svc-0 serves.
+        Some(actions) => format!("runtime: {} server changes", actions.len()),
+        None => "reload".into(),
+    };
+    rows.push(Row {
+        case: "scaling within capacity: stable server names, a runtime change",
+        request: "svc-0 1 → 2 endpoints".into(),
+        expected: "runtime: 6 server changes".into(),
+        got: verdict,
+    });
+
     let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
     for row in &rows {
         let mark = if row.passed() { "pass" } else { "FAIL" };

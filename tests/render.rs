@@ -229,3 +229,88 @@ fn offline_render_command_writes_the_files_or_fails_clearly() {
     assert!(stderr.starts_with("haptic: error: cannot read docs/examples/missing.yaml"), "{stderr}");
     assert!(failed.stdout.is_empty(), "no listing after an error");
 }
+
+/// The example with its backends' servers through `server_slots` (blocks of 4).
+fn slotted_config() -> HAProxyTemplateConfig {
+    config_with(|c| {
+        let cfg = &mut c.spec.templates.haproxy_config;
+        let before = cfg.clone();
+        *cfg = cfg.replace(
+            "{% for endpoint in service_endpoints(",
+            "{% set ready = collector() %}{% for endpoint in service_endpoints(",
+        );
+        *cfg = cfg.replace(
+            "    server ep_{{ endpoint.address }} {{ endpoint.address }}:{{ endpoint.port }}\n{% endfor %}",
+            "{% set _ = ready.push(endpoint) %}{% endfor %}\n{% for s in server_slots(\"be_\" ~ route.id, ready.items(), 4) %}\n    server {{ s.name }} {{ s.address }}:{{ s.port }}{{ \"\" if s.enabled else \" disabled\" }}\n{% endfor %}",
+        );
+        assert_ne!(*cfg, before, "the example's server loop changed; update this test");
+    })
+}
+
+fn with_shop_addresses(objects: &[(PathBuf, Json)], addresses: &[&str]) -> Vec<(PathBuf, Json)> {
+    let mut objects = objects.to_vec();
+    let (_, slice) = objects
+        .iter_mut()
+        .find(|(_, o)| {
+            o["kind"] == "EndpointSlice" && o["metadata"]["labels"]["kubernetes.io/service-name"] == "storefront"
+        })
+        .expect("the storefront EndpointSlice");
+    slice["endpoints"] =
+        serde_json::json!(addresses.iter().map(|a| serde_json::json!({"addresses": [a]})).collect::<Vec<_>>());
+    objects
+}
+
+fn shop_servers(files: &FileSet) -> Vec<String> {
+    let cfg = &files.haproxy_cfg.content;
+    let shop = cfg.split("backend be_web_shop_1_1").nth(1).unwrap_or_default();
+    shop.lines().skip(1).take_while(|l| l.trim_start().starts_with("server ")).map(|l| l.trim().to_owned()).collect()
+}
+
+#[test]
+fn server_slots_keep_every_endpoints_name_across_renders_and_only_a_successful_render_moves_them() {
+    let config = slotted_config();
+    let renderer = Renderer::compile(&config.spec).unwrap();
+    let render_with = |addresses: &[&str]| {
+        let objects = with_shop_addresses(&example_objects(), addresses);
+        let stores = offline::build_stores(&config.spec, &objects).unwrap();
+        renderer.render(&stores, &[]).unwrap()
+    };
+    assert_eq!(
+        shop_servers(&render_with(&["10.0.1.10", "10.0.1.11"])),
+        [
+            "server srv1 10.0.1.10:8080",
+            "server srv2 10.0.1.11:8080",
+            "server srv3 127.0.0.1:1 disabled",
+            "server srv4 127.0.0.1:1 disabled"
+        ]
+    );
+    // 10.0.1.10 goes, two arrive: 10.0.1.11 stays srv2, the newcomers take the lowest free slots.
+    let scaled = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13"]);
+    assert_eq!(
+        shop_servers(&scaled),
+        [
+            "server srv1 10.0.1.12:8080",
+            "server srv2 10.0.1.11:8080",
+            "server srv3 10.0.1.13:8080",
+            "server srv4 127.0.0.1:1 disabled"
+        ]
+    );
+    // The planner sees a runtime-only change: same servers, other addresses and states.
+    let before = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13"]);
+    let after = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13", "10.0.1.14"]);
+    let parsed = |files: &FileSet| haptic::plan::config::parse(&files.haproxy_cfg.content);
+    assert!(
+        haptic::plan::runtime_difference(&parsed(&before), &parsed(&after)).is_some(),
+        "scaling within capacity needs no reload"
+    );
+    // A fifth endpoint outgrows the block: capacity grows by a whole block.
+    let grown = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13", "10.0.1.14", "10.0.1.15"]);
+    assert_eq!(shop_servers(&grown).len(), 8);
+
+    // A render that fails keeps the slots where the last good one left them.
+    let broken = with_shop_addresses(&with_host(&example_objects(), "bad host"), &["10.0.1.99"]);
+    let stores = offline::build_stores(&config.spec, &broken).unwrap();
+    assert!(renderer.render(&stores, &[]).is_err());
+    let again = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13", "10.0.1.14", "10.0.1.15"]);
+    assert_eq!(shop_servers(&again), shop_servers(&grown));
+}

@@ -202,9 +202,36 @@ pub(crate) struct Shared {
     collectors: std::sync::Mutex<std::collections::BTreeMap<String, Value>>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
+    /// Server slots of every backend, as this render assigns them.
+    slots: std::sync::Mutex<crate::plan::slots::Slots>,
 }
 
 impl Shared {
+    /// Shared state for a render that starts from these server slots.
+    pub(crate) fn with_slots(slots: crate::plan::slots::Slots) -> Self {
+        Self { slots: std::sync::Mutex::new(slots), ..Self::default() }
+    }
+
+    /// Assigns a backend's endpoints to its slots (once per render: a backend rendered twice,
+    /// in two files, gets the same answer).
+    pub(crate) fn assign_slots(
+        &self,
+        backend: &str,
+        endpoints: &[crate::plan::slots::EndpointKey],
+        block: usize,
+    ) -> crate::plan::slots::SlotTable {
+        let Ok(mut slots) = self.slots.lock() else { return Default::default() };
+        let previous = slots.get(backend).cloned().unwrap_or_default();
+        let table = crate::plan::slots::assign(&previous, endpoints, block);
+        slots.insert(backend.to_owned(), table.clone());
+        table
+    }
+
+    /// The server slots after this render.
+    pub(crate) fn slots(&self) -> crate::plan::slots::Slots {
+        self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
+    }
+
     /// Registers a certificate file of this render (the same name twice keeps one).
     pub(crate) fn add_cert(&self, name: String, pem: String) {
         if let Ok(mut certs) = self.certs.lock() {

@@ -233,6 +233,43 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
     Ok((file, pem))
 }
 
+/// Slots added at a time when a backend runs out (a reload adds ten servers at once, so the
+/// next nine scale-ups are runtime changes).
+pub(crate) const DEFAULT_SLOT_BLOCK: usize = 10;
+
+/// `server_slots(backend, endpoints, block=10)`: the backend's servers with stable names, one
+/// per slot: `name` (`srv1`, ...), `address`, `port`, `enabled`. Each endpoint (as
+/// `endpoints(...)` or `service_endpoints(...)` give them; only the ready ones should be
+/// passed) keeps its slot from render to render; free slots are disabled servers on a
+/// placeholder address, ready for the Runtime API to fill without a reload.
+pub(crate) fn server_slots(
+    shared: &super::context::Shared,
+    backend: &str,
+    endpoints: &Value,
+    block: usize,
+) -> Result<Value, Error> {
+    let mut keys = Vec::new();
+    for endpoint in endpoints.try_iter()? {
+        let address = attr(&endpoint, "address").map(|a| a.to_string()).unwrap_or_default();
+        let port = attr(&endpoint, "port").and_then(|p| u16::try_from(p).ok()).unwrap_or_default();
+        keys.push((address, port));
+    }
+    let table = shared.assign_slots(backend, &keys, block);
+    let servers: Vec<Value> = table
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(index, slot)| {
+            let name = crate::plan::slots::SlotTable::server_name(index);
+            match slot {
+                Some((address, port)) => minijinja::context! { name, address, port, enabled => true },
+                None => minijinja::context! { name, address => "127.0.0.1", port => 1, enabled => false },
+            }
+        })
+        .collect();
+    Ok(Value::from(servers))
+}
+
 /// The port of a Service that an Ingress backend's `port` (`{number}` or `{name}`) refers to:
 /// its name (possibly empty) when the Service has such a port.
 fn service_port_name(service: &Value, wanted: &Value) -> Option<Option<Value>> {

@@ -104,6 +104,9 @@ pub struct Renderer {
     map_names: Vec<String>,
     file_names: Vec<String>,
     extra_context: Value,
+    /// Server slots as the last successful render left them: `server_slots(...)` keeps each
+    /// endpoint's server name from one render to the next (see `plan::slots`).
+    slots: std::sync::Mutex<crate::plan::slots::Slots>,
 }
 
 /// Whether values emitted by this template must stay on one line: everything but general
@@ -152,6 +155,24 @@ impl Renderer {
             library::endpoints(&slices, port_name.as_ref())
         });
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
+        env.add_function(
+            "server_slots",
+            |state: &minijinja::State, backend: &str, endpoints: Value, block: Option<usize>| {
+                let shared = state.lookup("shared").ok_or_else(|| {
+                    minijinja::Error::new(
+                        minijinja::ErrorKind::InvalidOperation,
+                        "server_slots needs the render's shared state",
+                    )
+                })?;
+                let shared = shared.downcast_object_ref::<context::Shared>().ok_or_else(|| {
+                    minijinja::Error::new(
+                        minijinja::ErrorKind::InvalidOperation,
+                        "server_slots needs the render's shared state",
+                    )
+                })?;
+                library::server_slots(shared, backend, &endpoints, block.unwrap_or(library::DEFAULT_SLOT_BLOCK))
+            },
+        );
         env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
             library::service_endpoints(&service, &port, &slices)
         });
@@ -227,6 +248,7 @@ impl Renderer {
             map_names: templates.maps.keys().cloned().collect(),
             file_names: templates.files.keys().cloned().collect(),
             extra_context: templates.extra_context.as_ref().map(|extra| Value::from(Serde(extra))).unwrap_or_default(),
+            slots: Default::default(),
         })
     }
 
@@ -234,7 +256,10 @@ impl Renderer {
     pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
         context::reset_tracking();
         let resources = Value::from_object(context::Resources::new(stores));
-        let shared = Value::from_object(context::Shared::default());
+        // Slots are worked on in a copy and kept only if the whole render succeeds, so a render
+        // that fails (or an attempt that leaves an object out) moves no server.
+        let slots = self.slots.lock().map(|slots| slots.clone()).unwrap_or_default();
+        let shared = Value::from_object(context::Shared::with_slots(slots));
         let ctx = minijinja::context! {
             resources => resources,
             pods => Value::from(Serde(pods)),
@@ -254,7 +279,11 @@ impl Renderer {
         for name in &self.file_names {
             files.insert(name.clone(), render(&format!("files/{name}"))?);
         }
-        let certs = shared.downcast_object_ref::<context::Shared>().map(context::Shared::certs).unwrap_or_default();
+        let shared = shared.downcast_object_ref::<context::Shared>();
+        let certs = shared.map(context::Shared::certs).unwrap_or_default();
+        if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
+            *kept = shared.slots();
+        }
         Ok(FileSet { haproxy_cfg, maps, files, certs })
     }
 
