@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use env::chart::{apply_all, chart_dir, haproxy_binaries, helm, render_chart};
-use env::controller::{ControllerProcess, Launch, ensure_crd};
+use env::controller::{ControllerProcess, Launch};
 use haptic::config::HAProxyTemplateConfig;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -143,10 +142,7 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
 {
     let env = env::environment();
     let client = env.kube_client().await?;
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&std::fs::read_to_string(
-        chart_dir().join("crds/haproxytemplateconfigs.haptic.dev.yaml"),
-    )?)?;
-    ensure_crd(&client, crd).await?;
+    env::chart::apply_chart_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "chart").await?;
     let release = format!("r{}", namespace.rsplit('-').take(2).collect::<Vec<_>>().join(""));
     let documents = render_chart(&release, &namespace, &[])?;

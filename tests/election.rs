@@ -13,8 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
 use env::proxy::{CuttableProxy, apiserver_address};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use serde_json::{Value, json};
 
 const LEASE: &str = "haptic-election-test";
@@ -83,22 +82,9 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "election").await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = serde_json::from_value(json!({
-        "metadata": {"name": "dataplane"},
-        "stringData": {"dataplane_username": "admin", "dataplane_password": "election-secret"}
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    env::fixtures::dataplane_secret(&client, &namespace, "admin", "election-secret").await?;
     for (name, ip) in [("ghost-0", "127.1.9.31"), ("ghost-1", "127.1.9.32")] {
-        let pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"haptic.dev/test": "election"}},
-            "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
-        }))?;
-        pods.create(&PostParams::default(), &pod).await?;
-        let status = json!({"status": {"phase": "Running", "podIP": ip,
-                                       "conditions": [{"type": "Ready", "status": "True"}]}});
-        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
+        env::fixtures::ghost_pod(&client, &namespace, name, ip, "election").await?;
     }
     create_test_config(
         &client,

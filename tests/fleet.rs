@@ -12,8 +12,6 @@ use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
 use haptic::fleet::machine::State;
 use haptic::journal::{Journal, PodUid};
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 #[tokio::test]
@@ -23,24 +21,9 @@ async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_af
     ensure_haptic_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "fleet-unreachable").await?;
 
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = serde_json::from_value(json!({
-        "metadata": {"name": "dataplane"},
-        "stringData": {"dataplane_username": "admin", "dataplane_password": "not-logged-anywhere"}
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
-
+    env::fixtures::dataplane_secret(&client, &namespace, "admin", "not-logged-anywhere").await?;
     // Nothing listens on 127.1.9.9: the pod is Ready in Kubernetes but its Dataplane API is gone.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let ghost: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "ghost", "labels": {"haptic.dev/test": "ghost"}},
-        "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
-    }))?;
-    let created = pods.create(&PostParams::default(), &ghost).await?;
-    let uid = PodUid(created.metadata.uid.context("uid")?);
-    let status = json!({"status": {"phase": "Running", "podIP": "127.1.9.9",
-                                   "conditions": [{"type": "Ready", "status": "True"}]}});
-    pods.patch_status("ghost", &PatchParams::default(), &Patch::Merge(status)).await?;
+    let uid = PodUid(env::fixtures::ghost_pod(&client, &namespace, "ghost", "127.1.9.9", "ghost").await?);
 
     create_test_config(
         &client,

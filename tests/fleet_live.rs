@@ -13,7 +13,6 @@ use anyhow::{Context, Result, bail, ensure};
 use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
 use env::otlp::received_spans;
 use haptic::dataplane::PushMode;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -52,12 +51,7 @@ async fn setup(test: &str) -> Result<(kube::Client, String)> {
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, test).await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = serde_json::from_value(json!({
-        "metadata": {"name": "dataplane"},
-        "stringData": {"dataplane_username": env.dataplane.username, "dataplane_password": env.dataplane.password}
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
+    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
     let template = format!(
         "{}{{% for i in resources.ingresses.list() %}}# ingress {{{{ i.metadata.name }}}}\n{{% endfor %}}",
         env::config_routing_to(&env.backends[0])

@@ -18,13 +18,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use env::chart::{chart_dir, haproxy_binaries, render_chart};
-use env::controller::{ControllerProcess, Launch, ensure_crd};
+use env::chart::{haproxy_binaries, render_chart};
+use env::controller::{ControllerProcess, Launch};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::Ingress;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -252,10 +251,7 @@ async fn check(
 async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haproxy() -> Result<()> {
     let env = env::environment();
     let client = env.kube_client().await?;
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&std::fs::read_to_string(
-        chart_dir().join("crds/haproxytemplateconfigs.haptic.dev.yaml"),
-    )?)?;
-    ensure_crd(&client, crd).await?;
+    env::chart::apply_chart_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "library").await?;
     let address = own_address()?;
     let work = tempfile::tempdir()?;

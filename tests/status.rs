@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
 use haptic::config::{Condition, HAProxyTemplateConfig};
-use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 async fn wait_for_status(
@@ -71,21 +70,8 @@ async fn conditions_and_events_follow_failures_and_recoveries_and_nothing_is_rew
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "status").await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = serde_json::from_value(json!({
-        "metadata": {"name": "dataplane"},
-        "stringData": {"dataplane_username": "admin", "dataplane_password": "status-secret"}
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let pod = serde_json::from_value(json!({
-        "metadata": {"name": "ghost", "labels": {"haptic.dev/test": "status"}},
-        "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
-    }))?;
-    pods.create(&PostParams::default(), &pod).await?;
-    let ready = json!({"status": {"phase": "Running", "podIP": "127.1.9.41",
-                                  "conditions": [{"type": "Ready", "status": "True"}]}});
-    pods.patch_status("ghost", &PatchParams::default(), &Patch::Merge(ready)).await?;
+    env::fixtures::dataplane_secret(&client, &namespace, "admin", "status-secret").await?;
+    env::fixtures::ghost_pod(&client, &namespace, "ghost", "127.1.9.41", "status").await?;
     let good = "global\n    maxconn 100\n";
     create_test_config(
         &client,

@@ -13,25 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
 use env::otlp::{ReceivedSpan, received_spans};
-use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 const PASSWORD: &str = "trace-secret-7f3a91";
-
-async fn ghost_pod(client: &kube::Client, namespace: &str, name: &str, ip: &str) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"haptic.dev/test": "traced"}},
-        "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
-    }))?;
-    pods.create(&PostParams::default(), &pod).await?;
-    let status = json!({"status": {"phase": "Running", "podIP": ip,
-                                   "conditions": [{"type": "Ready", "status": "True"}]}});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
-    Ok(())
-}
 
 #[tokio::test]
 async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_journal_names_it() -> Result<()> {
@@ -39,15 +25,10 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "traces").await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = serde_json::from_value(json!({
-        "metadata": {"name": "dataplane"},
-        "stringData": {"dataplane_username": "admin", "dataplane_password": PASSWORD}
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
+    env::fixtures::dataplane_secret(&client, &namespace, "admin", PASSWORD).await?;
     // Nothing listens on these addresses.
-    ghost_pod(&client, &namespace, "ghost-0", "127.1.9.21").await?;
-    ghost_pod(&client, &namespace, "ghost-1", "127.1.9.22").await?;
+    env::fixtures::ghost_pod(&client, &namespace, "ghost-0", "127.1.9.21", "traced").await?;
+    env::fixtures::ghost_pod(&client, &namespace, "ghost-1", "127.1.9.22", "traced").await?;
     create_test_config(
         &client,
         &namespace,

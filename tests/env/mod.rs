@@ -9,6 +9,7 @@
 
 pub mod chart;
 pub mod controller;
+pub mod fixtures;
 pub mod otlp;
 pub mod proxy;
 

@@ -1,0 +1,33 @@
+//! Objects tests create over and over: the Dataplane credentials Secret, and "ghost" pods —
+//! Ready in Kubernetes, with an address where no Dataplane API answers.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// Creates the Secret `dataplane` (keys `dataplane_username`, `dataplane_password`).
+pub async fn dataplane_secret(client: &kube::Client, namespace: &str, username: &str, password: &str) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": "dataplane"},
+        "stringData": {"dataplane_username": username, "dataplane_password": password}
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    Ok(())
+}
+
+/// Creates a Ready pod labelled `haptic.dev/test: <label>` at `ip`, where nothing listens;
+/// gives its UID.
+pub async fn ghost_pod(client: &kube::Client, namespace: &str, name: &str, ip: &str, label: &str) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"haptic.dev/test": label}},
+        "spec": {"containers": [{"name": "haproxy", "image": "haproxytech/haproxy-debian"}]}
+    }))?;
+    let created = pods.create(&PostParams::default(), &pod).await?;
+    let status = json!({"status": {"phase": "Running", "podIP": ip,
+                                   "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
+    created.metadata.uid.context("the API server gave the pod no UID")
+}
