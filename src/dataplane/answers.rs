@@ -126,6 +126,33 @@ pub fn parse_reload(body: &str) -> Result<Reload, String> {
     reload_from(answer)
 }
 
+/// A server as the running HAProxy has it (the Runtime API's view).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeServer {
+    /// Its address.
+    pub address: String,
+    /// Its port (none for a server without one).
+    pub port: Option<u16>,
+    /// `ready`, `maint` or `drain`.
+    pub admin_state: String,
+}
+
+#[derive(Deserialize)]
+struct RuntimeServerAnswer {
+    #[serde(default)]
+    address: String,
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default)]
+    admin_state: String,
+}
+
+/// Parses a runtime server (`GET /services/haproxy/runtime/backends/{b}/servers/{s}`).
+pub fn parse_runtime_server(body: &str) -> Result<RuntimeServer, String> {
+    let answer: RuntimeServerAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    Ok(RuntimeServer { address: answer.address, port: answer.port, admin_state: answer.admin_state })
+}
+
 /// Parses the list of reloads (`GET /services/haproxy/reloads`).
 pub fn parse_reloads(body: &str) -> Result<Vec<Reload>, String> {
     let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
@@ -160,6 +187,15 @@ pub fn error_message(body: &str) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn runtime_servers_parse_with_their_state() {
+        let server = parse_runtime_server(
+            r#"{"name":"srv2","address":"10.0.0.7","port":8080,"admin_state":"ready","operational_state":"up"}"#,
+        )
+        .unwrap();
+        assert_eq!(server, RuntimeServer { address: "10.0.0.7".into(), port: Some(8080), admin_state: "ready".into() });
+        assert!(parse_runtime_server("not json").is_err());
+    }
     #[test]
     fn info_reads_the_api_version() {
         let info =

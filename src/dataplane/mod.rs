@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode, Url};
 use thiserror::Error;
 
-pub use answers::{ApiInfo, ConfigVersion, Health, Reload, ReloadId, ReloadStatus};
+pub use answers::{ApiInfo, ConfigVersion, Health, Reload, ReloadId, ReloadStatus, RuntimeServer};
 
 /// Where a pod's Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,20 +268,47 @@ impl DataplaneClient {
         version: ConfigVersion,
         mode: PushMode,
     ) -> Result<PushOutcome, DataplaneError> {
-        let path = "services/haproxy/configuration/raw";
         let mut query = vec![("version", version.0.to_string())];
         match mode {
             PushMode::ValidateOnly => query.push(("only_validate", "true".into())),
             PushMode::Reload => {}
             PushMode::ForceReload => query.push(("force_reload", "true".into())),
         }
+        self.send_raw(config, version, mode, query, None).await
+    }
+
+    /// Writes the configuration without a reload and applies `actions` (the
+    /// `X-Runtime-Actions` header) to the running HAProxy through its Runtime API.
+    pub async fn push_raw_runtime(
+        &self,
+        config: &str,
+        version: ConfigVersion,
+        actions: &str,
+    ) -> Result<PushOutcome, DataplaneError> {
+        let query = vec![("version", version.0.to_string()), ("skip_reload", "true".into())];
+        let header = (!actions.is_empty()).then(|| actions.to_owned());
+        self.send_raw(config, version, PushMode::Reload, query, header).await
+    }
+
+    async fn send_raw(
+        &self,
+        config: &str,
+        version: ConfigVersion,
+        mode: PushMode,
+        query: Vec<(&str, String)>,
+        runtime_actions: Option<String>,
+    ) -> Result<PushOutcome, DataplaneError> {
+        let path = "services/haproxy/configuration/raw";
         // The API refuses a body without a final newline.
         let body = if config.ends_with('\n') { config.to_owned() } else { format!("{config}\n") };
-        let request = self
+        let mut request = self
             .request(Method::POST, path)
             .query(&query)
             .header(reqwest::header::CONTENT_TYPE, "text/plain")
             .body(body);
+        if let Some(actions) = runtime_actions {
+            request = request.header("X-Runtime-Actions", actions);
+        }
         let response = self.execute(request, Method::POST, path).await?;
         let status = response.status();
         let reload_id = response.headers().get("Reload-ID").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -302,6 +329,14 @@ impl DataplaneClient {
             }
             _ => Err(self.unexpected(Method::POST, path, status, &text)),
         }
+    }
+
+    /// `GET /services/haproxy/runtime/backends/{backend}/servers/{server}`: a server as the
+    /// running HAProxy has it (address, port, administrative state).
+    pub async fn runtime_server(&self, backend: &str, server: &str) -> Result<RuntimeServer, DataplaneError> {
+        let path = format!("services/haproxy/runtime/backends/{backend}/servers/{server}");
+        let (_, body) = self.send_expecting(Method::GET, &path, None, &[StatusCode::OK]).await?;
+        answers::parse_runtime_server(&body).map_err(|detail| self.unreadable(&path, detail))
     }
 
     /// `GET /services/haproxy/reloads/{id}`: the state of one reload.

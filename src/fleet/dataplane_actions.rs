@@ -25,6 +25,7 @@ use crate::dataplane::{
 };
 use crate::files::Checksum;
 use crate::journal::PodUid;
+use crate::plan::{RuntimeAction, runtime_actions_header};
 
 /// How long a reload may take before the push counts as failed.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -126,6 +127,22 @@ async fn wait_for_reload(client: &DataplaneClient, id: &ReloadId) -> Result<(), 
     }
 }
 
+/// Whether the running HAProxy shows what `action` set (weights are not read back: the
+/// Runtime API's server view does not carry them).
+async fn runtime_state_matches(client: &DataplaneClient, action: &RuntimeAction) -> Result<bool, DataplaneError> {
+    Ok(match action {
+        RuntimeAction::SetAddress { backend, server, address, port } => {
+            let seen = client.runtime_server(backend, server).await?;
+            seen.address == *address && seen.port.map(|p| p.to_string()).as_deref() == Some(port.as_str())
+        }
+        RuntimeAction::SetState { backend, server, ready } => {
+            let seen = client.runtime_server(backend, server).await?;
+            (seen.admin_state == "ready") == *ready
+        }
+        RuntimeAction::SetWeight { .. } => true,
+    })
+}
+
 impl PodActions for DataplaneActions {
     async fn verify(&self, pod: &PodTarget) -> Result<Option<FileChecksums>, String> {
         let client = self.client(pod)?;
@@ -208,9 +225,41 @@ impl PodActions for DataplaneActions {
         Ok(desired.checksums.clone())
     }
 
-    async fn runtime_patch(&self, _: &PodTarget, _: &Desired) -> Result<Option<FileChecksums>, String> {
-        // Runtime patches arrive with issue #5; until then the machine falls back to a full sync.
-        Ok(None)
+    async fn runtime_patch(
+        &self,
+        pod: &PodTarget,
+        desired: &Desired,
+        actions: &[RuntimeAction],
+    ) -> Result<Option<FileChecksums>, String> {
+        let client = self.client(pod)?;
+        let header = runtime_actions_header(actions);
+        let mut attempt = 0;
+        loop {
+            let version = client.configuration_version().await.map_err(|e| e.to_string())?;
+            match client.push_raw_runtime(&desired.files.haproxy_cfg.content, version, &header).await {
+                Ok(_) => break,
+                Err(DataplaneError::VersionConflict { .. }) if attempt < CONFLICT_RETRIES => attempt += 1,
+                // Refused (a 4xx answer, an action the API does not take): a full sync follows,
+                // rather than retrying something that cannot work.
+                Err(error @ DataplaneError::InvalidConfiguration { .. }) => {
+                    tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
+                    return Ok(None);
+                }
+                Err(error @ DataplaneError::UnexpectedStatus { status, .. }) if status.is_client_error() => {
+                    tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
+                    return Ok(None);
+                }
+                Err(error) => return Err(error.to_string()),
+            }
+        }
+        // Read the running HAProxy back: a patch that did not take is a full sync.
+        for action in actions {
+            if !runtime_state_matches(&client, action).await.map_err(|e| e.to_string())? {
+                tracing::warn!(pod = %pod.name, %action, "the runtime does not show a patched value; full sync");
+                return Ok(None);
+            }
+        }
+        Ok(Some(desired.checksums.clone()))
     }
 
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
@@ -371,5 +420,88 @@ mod request_shapes {
             "{upload}"
         );
         assert!(requests.iter().all(|r| r.headers.get("authorization").is_some()), "every call authenticates");
+    }
+
+    #[tokio::test]
+    async fn a_runtime_patch_writes_without_reload_sends_its_actions_and_reads_them_back() {
+        use wiremock::matchers::header;
+        let server = MockServer::start().await;
+        let base = "/v3/services/haproxy";
+        let json = |body: &str| ResponseTemplate::new(200).set_body_raw(body.to_owned(), "application/json");
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/configuration/version")))
+            .respond_with(json("9"))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/configuration/raw")))
+            .and(query_param("version", "9"))
+            .and(query_param("skip_reload", "true"))
+            .and(header(
+                "X-Runtime-Actions",
+                "SetServerAddr be_web srv1 10.0.0.2 8080;SetServerState be_web srv2 maint",
+            ))
+            .respond_with(ResponseTemplate::new(201))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/runtime/backends/be_web/servers/srv1")))
+            .respond_with(json(r#"{"name":"srv1","address":"10.0.0.2","port":8080,"admin_state":"ready"}"#))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/runtime/backends/be_web/servers/srv2")))
+            .respond_with(json(r#"{"name":"srv2","address":"127.0.0.1","port":1,"admin_state":"maint"}"#))
+            .mount(&server)
+            .await;
+        let actions = DataplaneActions::new(Credentials::new("admin", "secret"));
+        let pod = PodTarget {
+            uid: PodUid("u".into()),
+            namespace: "n".into(),
+            name: "p".into(),
+            endpoint: format!("{}/v3", server.uri()),
+        };
+        let desired = Desired::new(FileSet {
+            haproxy_cfg: RenderedFile::new("backend be_web\n".into()),
+            maps: BTreeMap::new(),
+            files: BTreeMap::new(),
+            certs: BTreeMap::new(),
+        });
+        let patch = [
+            RuntimeAction::SetAddress {
+                backend: "be_web".into(),
+                server: "srv1".into(),
+                address: "10.0.0.2".into(),
+                port: "8080".into(),
+            },
+            RuntimeAction::SetState { backend: "be_web".into(), server: "srv2".into(), ready: false },
+        ];
+        assert_eq!(actions.runtime_patch(&pod, &desired, &patch).await.unwrap(), Some(desired.checksums.clone()));
+
+        // A value the runtime does not show is no patch: the machine falls back to a full sync.
+        let not_taken = [RuntimeAction::SetAddress {
+            backend: "be_web".into(),
+            server: "srv1".into(),
+            address: "10.0.0.9".into(),
+            port: "8080".into(),
+        }];
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/configuration/raw")))
+            .and(header("X-Runtime-Actions", "SetServerAddr be_web srv1 10.0.0.9 8080"))
+            .respond_with(ResponseTemplate::new(201))
+            .mount(&server)
+            .await;
+        assert_eq!(actions.runtime_patch(&pod, &desired, &not_taken).await.unwrap(), None);
+
+        // A refused patch is no patch either, not an endless retry.
+        let refused =
+            [RuntimeAction::SetWeight { backend: "be_web".into(), server: "srv1".into(), weight: "7".into() }];
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/configuration/raw")))
+            .and(header("X-Runtime-Actions", "SetServerWeight be_web srv1 7"))
+            .respond_with(ResponseTemplate::new(422).set_body_raw(r#"{"message":"no"}"#, "application/json"))
+            .mount(&server)
+            .await;
+        assert_eq!(actions.runtime_patch(&pod, &desired, &refused).await.unwrap(), None);
     }
 }

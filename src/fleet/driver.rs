@@ -20,6 +20,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use super::machine::{Action, Event, FileChecksums, PodMachine, State};
 use crate::files::FileSet;
 use crate::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+use crate::plan::{Plan, RuntimeAction};
 use crate::telemetry::traces::{TraceParent, trace_id_of};
 
 /// The pod a driver works on.
@@ -89,11 +90,13 @@ pub trait PodActions: Send + Sync + 'static {
     fn validate(&self, pod: &PodTarget, desired: &Desired) -> impl Future<Output = Result<Validation, String>> + Send;
     /// Pushes the configuration and confirms the reload; returns what the pod now runs.
     fn push(&self, pod: &PodTarget, desired: &Desired) -> impl Future<Output = Result<FileChecksums, String>> + Send;
-    /// Applies a runtime-only change and reads it back: `Ok(None)` when it did not read back.
+    /// Applies a runtime-only change (the new files written without a reload, `actions` through
+    /// the Runtime API) and reads it back: `Ok(None)` when it did not take, so a full sync follows.
     fn runtime_patch(
         &self,
         pod: &PodTarget,
         desired: &Desired,
+        actions: &[RuntimeAction],
     ) -> impl Future<Output = Result<Option<FileChecksums>, String>> + Send;
     /// Puts back the auxiliary files uploaded for a rejected configuration.
     fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
@@ -121,6 +124,12 @@ pub struct PodDriver<A: PodActions> {
     desired: Arc<Desired>,
     /// The span of the work in progress: one event and the actions it led to.
     span: tracing::Span,
+    /// The files this pod is known to run (pushed, patched or verified by this driver), the
+    /// base a runtime patch is planned from; unknown after a restart, so the first change
+    /// after one is a full sync.
+    pushed_files: Option<Arc<FileSet>>,
+    /// The runtime changes planned for the current desired files.
+    runtime_actions: Vec<RuntimeAction>,
 }
 
 /// What started a burst of work on a pod, as traces name it.
@@ -160,7 +169,19 @@ impl<A: PodActions> PodDriver<A> {
             None => (None, 0),
         };
         let machine = PodMachine::new(desired.checksums.clone(), pushed);
-        Self { target, machine, seq, journal, actions, deploy_slots, settings, desired, span: tracing::Span::none() }
+        Self {
+            target,
+            machine,
+            seq,
+            journal,
+            actions,
+            deploy_slots,
+            settings,
+            desired,
+            span: tracing::Span::none(),
+            pushed_files: None,
+            runtime_actions: Vec::new(),
+        }
     }
 
     /// Opens the span of a new burst of work, in the trace of the render it serves (a drift
@@ -215,7 +236,10 @@ impl<A: PodActions> PodDriver<A> {
                 changed = desired.changed() => {
                     if changed.is_err() { return; }
                     self.desired = desired.borrow_and_update().clone();
-                    let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only: false };
+                    let planned = self.runtime_plan();
+                    let runtime_only = planned.is_some();
+                    self.runtime_actions = planned.unwrap_or_default();
+                    let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only };
                     (event, Cause::DesiredChanged)
                 }
                 _ = sleep_until(retry_at), if retry_at.is_some() => {
@@ -269,7 +293,7 @@ impl<A: PodActions> PodDriver<A> {
                 Ok(pushed) => Event::Pushed { pushed },
                 Err(error) => failed(error),
             },
-            Action::RuntimePatch => match self.actions.runtime_patch(pod, desired).await {
+            Action::RuntimePatch => match self.actions.runtime_patch(pod, desired, &self.runtime_actions).await {
                 Ok(Some(pushed)) => Event::RuntimePatched { pushed },
                 Ok(None) => Event::RuntimePatchMismatch,
                 Err(error) => failed(error),
@@ -330,11 +354,36 @@ impl<A: PodActions> PodDriver<A> {
         }
         if step.to == State::InSync {
             *retry_at = None;
+            // In sync means the pod runs exactly the desired files: the base of the next plan.
+            self.pushed_files = Some(self.desired.files.clone());
         }
     }
 }
 
 impl<A: PodActions> PodDriver<A> {
+    /// The runtime changes that take the pod from the files it runs to the desired ones, when
+    /// that is all it takes (see `plan::plan`); `None` calls for a full sync.
+    fn runtime_plan(&self) -> Option<Vec<RuntimeAction>> {
+        let pushed = self.pushed_files.as_ref()?;
+        let auxiliary = |files: &FileSet| -> std::collections::BTreeMap<String, crate::files::Checksum> {
+            files
+                .entries()
+                .filter(|(name, _)| name != "haproxy.cfg")
+                .map(|(name, file)| (name, file.checksum))
+                .collect()
+        };
+        let desired = &self.desired.files;
+        match crate::plan::plan(
+            &pushed.haproxy_cfg.content,
+            &auxiliary(pushed),
+            &desired.haproxy_cfg.content,
+            &auxiliary(desired),
+        ) {
+            Plan::Runtime(actions) => Some(actions),
+            Plan::NoOp | Plan::Full => None,
+        }
+    }
+
     /// Records a step on the span of the work in progress: the decision it took, the state it
     /// reached, what was pushed, and a failure as the span's error.
     fn trace_step(&self, event: &Event, step: &super::machine::Step) {
@@ -497,9 +546,15 @@ mod tests {
             *self.runs.lock().unwrap() = Some(desired.checksums.clone());
             Ok(desired.checksums.clone())
         }
-        async fn runtime_patch(&self, _: &PodTarget, _: &Desired) -> Result<Option<FileChecksums>, String> {
-            self.call("runtime_patch");
-            Ok(None)
+        async fn runtime_patch(
+            &self,
+            _: &PodTarget,
+            desired: &Desired,
+            actions: &[RuntimeAction],
+        ) -> Result<Option<FileChecksums>, String> {
+            self.call(&format!("runtime_patch {}", crate::plan::runtime_actions_header(actions)));
+            *self.runs.lock().unwrap() = Some(desired.checksums.clone());
+            Ok(Some(desired.checksums.clone()))
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
             self.call("restore");
@@ -507,9 +562,14 @@ mod tests {
         }
     }
 
+    /// A desired configuration per tag; two tags differ in a way only a reload can apply.
     fn desired(tag: &str) -> Arc<Desired> {
+        with_config(format!("global\n    description {tag}\n"))
+    }
+
+    fn with_config(config: String) -> Arc<Desired> {
         Arc::new(Desired::new(FileSet {
-            haproxy_cfg: RenderedFile::new(format!("global # {tag}\n")),
+            haproxy_cfg: RenderedFile::new(config),
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),
@@ -639,6 +699,37 @@ mod tests {
         h.until("re-deployed", |p| p.state == State::InSync && p.last_transition.from == State::Syncing).await;
         assert_eq!(h.fake.calls().iter().filter(|c| *c == "push").count(), 2);
         assert_eq!(*h.fake.runs.lock().unwrap(), Some(desired("a").checksums.clone()));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_address_change_is_a_runtime_patch_with_its_actions_and_no_reload() {
+        let server = |address: &str| with_config(format!("backend be_web\n    server srv1 {address}:8080\n"));
+        let h = start(|_| {}, None, server("10.0.0.1"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        h.desired_tx.send(server("10.0.0.2")).unwrap();
+        h.until("patched", |p| p.pushed == Some(server("10.0.0.2").checksums.clone())).await;
+        assert_eq!(
+            h.fake.calls(),
+            ["verify", "validate", "push", "runtime_patch SetServerAddr be_web srv1 10.0.0.2 8080"],
+            "no validation round and no push with a reload"
+        );
+        let pod = h.journal.pod(&target().uid).unwrap().unwrap();
+        assert_eq!((pod.state, pod.last_transition.from), (State::InSync, State::RuntimePatching));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_pod_verified_in_sync_is_runtime_patched_on_the_next_server_change() {
+        let server = |address: &str| with_config(format!("backend be_web\n    server srv1 {address}:8080\n"));
+        let seeded = server("10.0.0.1").checksums.clone();
+        let h = start(|_| {}, Some(seeded), server("10.0.0.1"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        // Resumed from the journal and verified: the pod runs exactly these files, which makes
+        // them the base of the next plan.
+        h.desired_tx.send(server("10.0.0.3")).unwrap();
+        h.until("patched", |p| p.pushed == Some(server("10.0.0.3").checksums.clone())).await;
+        assert!(h.fake.calls().iter().any(|c| c.starts_with("runtime_patch")), "{:?}", h.fake.calls());
         h.stop().await;
     }
 

@@ -113,7 +113,12 @@ mod tests {
             self.runs.lock().unwrap().insert(pod.uid.0.clone(), desired.checksums.clone());
             Ok(desired.checksums.clone())
         }
-        async fn runtime_patch(&self, _: &PodTarget, _: &Desired) -> Result<Option<FileChecksums>, String> {
+        async fn runtime_patch(
+            &self,
+            _: &PodTarget,
+            _: &Desired,
+            _: &[crate::plan::RuntimeAction],
+        ) -> Result<Option<FileChecksums>, String> {
             Ok(None)
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
