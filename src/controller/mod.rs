@@ -160,6 +160,8 @@ pub async fn run(
         (_, None) => (None, Some(leadership_tx)),
     };
     let mut deployer: Option<deploy::Deployer> = None;
+    let config_key = format!("{}/{}", options.namespace, options.name);
+    let mut saved_slots = crate::plan::slots::Slots::default();
     let mut last_render: Option<(crate::files::FileSet, Option<TraceParent>)> = None;
     let api = crate::api::ApiState { journal: journal.clone(), ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
@@ -195,6 +197,12 @@ pub async fn run(
                 match activate(&client, &config.spec, &options.namespace, generation, watch_tx.clone()).await {
                     Ok(next) => {
                         info!(generation, "configuration activated");
+                        // Server names carry over: from the version in force, else from the journal.
+                        match (&active, &journal) {
+                            (Some(previous), _) => next.renderer.seed_slots(previous.renderer.slots()),
+                            (None, Some(journal)) => next.renderer.seed_slots(journal.slots(&config_key)),
+                            (None, None) => {}
+                        }
                         let settings = debounce_settings(&next.spec);
                         if coalescer.as_ref().is_none_or(|c| c.settings != settings) {
                             coalescer = Some(Coalescer::start(settings, render_tx.clone()));
@@ -272,6 +280,15 @@ pub async fn run(
                     checksum: files.haproxy_cfg.checksum.to_string().chars().take(12).collect(),
                 });
                 api.set_render(active.generation, Arc::new(files.clone()));
+                if let Some(journal) = &journal {
+                    let slots = active.renderer.slots();
+                    if slots != saved_slots {
+                        match journal.put_slots(&config_key, &slots) {
+                            Ok(()) => saved_slots = slots,
+                            Err(error) => warn!(%error, "could not journal the server slots"),
+                        }
+                    }
+                }
                 let trace = TraceParent::of(&span);
                 if deployer.is_none()
                     && let (Leadership::Leader(term), Some(journal)) = (*leadership.borrow(), &journal)

@@ -16,6 +16,8 @@ pub enum RecordKind {
     Transition = 2,
     /// The journal's own metadata.
     Meta = 3,
+    /// The server slots of one configuration's backends.
+    Slots = 4,
 }
 
 /// Errors decoding a stored value.

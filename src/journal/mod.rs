@@ -26,7 +26,9 @@ use crate::fleet::machine::{FileChecksums, State};
 use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
-use records::{MetaV1, PodRecordV1, PodRecordV2, TransitionRecordV1, TransitionRecordV2, state_code, state_from_code};
+use records::{
+    MetaV1, PodRecordV1, PodRecordV2, SlotsV1, TransitionRecordV1, TransitionRecordV2, state_code, state_from_code,
+};
 
 /// A pod's identity: its UID. A pod recreated under the same name is a new pod.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -154,6 +156,7 @@ pub struct Journal {
     pods: sled::Tree,
     log: sled::Tree,
     files: sled::Tree,
+    slots: sled::Tree,
     retention: u64,
 }
 
@@ -230,6 +233,7 @@ impl Journal {
             pods: db.open_tree("pods").map_err(store("opening the pods tree"))?,
             log: db.open_tree("log").map_err(store("opening the log tree"))?,
             files: db.open_tree("files").map_err(store("opening the files tree"))?,
+            slots: db.open_tree("slots").map_err(store("opening the slots tree"))?,
             db,
             retention: retention.max(1),
         };
@@ -405,6 +409,36 @@ impl Journal {
             self.log.remove(key).map_err(|source| self.store("forgetting a pod's log", source))?;
         }
         self.flush()
+    }
+
+    /// Records the server slots of a configuration (`namespace/name`), durably, so a restarted
+    /// controller gives every endpoint the server name the pods already run.
+    pub fn put_slots(&self, config: &str, slots: &crate::plan::slots::Slots) -> Result<(), JournalError> {
+        let record =
+            SlotsV1 { backends: slots.iter().map(|(backend, table)| (backend.clone(), table.slots.clone())).collect() };
+        let bytes = codec::encode(RecordKind::Slots, 1, &record)
+            .map_err(|source| self.record(format!("the slots of {config}"), source))?;
+        self.slots.insert(config.as_bytes(), bytes).map_err(|source| self.store("storing slots", source))?;
+        self.flush()
+    }
+
+    /// The server slots last recorded for a configuration (empty when none, or unreadable:
+    /// slots only spare reloads, so a bad record is dropped rather than failing the start).
+    pub fn slots(&self, config: &str) -> crate::plan::slots::Slots {
+        let Ok(Some(bytes)) = self.slots.get(config.as_bytes()) else { return Default::default() };
+        let decoded = codec::open(RecordKind::Slots, &bytes)
+            .and_then(|(version, payload)| codec::decode_payload::<SlotsV1>(RecordKind::Slots, version, payload));
+        match decoded {
+            Ok(record) => record
+                .backends
+                .into_iter()
+                .map(|(backend, slots)| (backend, crate::plan::slots::SlotTable { slots }))
+                .collect(),
+            Err(error) => {
+                error!(dir = %self.dir.display(), config, %error, "server slots unreadable; assigning afresh");
+                Default::default()
+            }
+        }
     }
 
     /// Stores a file's content once, under its checksum.
@@ -675,6 +709,28 @@ mod tests {
         let (_, report) = Journal::open(&path, 10).unwrap();
         let (_, why) = report.moved_aside.expect("moved aside");
         assert!(why.contains(&format!("schema {}", SCHEMA_VERSION + 1)), "{why}");
+    }
+
+    #[test]
+    fn server_slots_survive_a_reopen_and_a_bad_record_is_dropped_not_fatal() {
+        use crate::plan::slots::{SlotTable, Slots};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let slots: Slots = [(
+            "be_web".to_owned(),
+            SlotTable { slots: vec![Some(("10.0.0.3".into(), 8080)), None, Some(("10.0.0.2".into(), 8080))] },
+        )]
+        .into();
+        {
+            let (journal, _) = Journal::open(&path, 10).unwrap();
+            assert!(journal.slots("haptic/web").is_empty());
+            journal.put_slots("haptic/web", &slots).unwrap();
+        }
+        let (journal, report) = Journal::open(&path, 10).unwrap();
+        assert_eq!(report.moved_aside, None);
+        assert_eq!(journal.slots("haptic/web"), slots);
+        journal.slots.insert(b"haptic/web", &[4u8, 1, 0, 0xff][..]).unwrap();
+        assert!(journal.slots("haptic/web").is_empty(), "an unreadable record means assigning afresh");
     }
 
     #[test]

@@ -89,6 +89,14 @@ impl From<PodRecordV1> for PodRecordV2 {
     }
 }
 
+/// The server slots of one configuration, version 1: per backend, per slot, the endpoint
+/// (address, port) it holds or nothing. Stored in a tree of its own, added within schema 2:
+/// a build that does not know it leaves it alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SlotsV1 {
+    pub(crate) backends: Vec<(String, Vec<Option<(String, u16)>>)>,
+}
+
 /// The journal's metadata, schema 1 and 2 (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaV1 {

@@ -252,6 +252,21 @@ impl Renderer {
         })
     }
 
+    /// Starts from these server slots (as a journal recorded them), unless slots were assigned
+    /// already.
+    pub fn seed_slots(&self, slots: crate::plan::slots::Slots) {
+        if let Ok(mut kept) = self.slots.lock()
+            && kept.is_empty()
+        {
+            *kept = slots;
+        }
+    }
+
+    /// The server slots as the last successful render left them.
+    pub fn slots(&self) -> crate::plan::slots::Slots {
+        self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
+    }
+
     /// Renders every file from the current stores and pods.
     pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
         context::reset_tracking();
