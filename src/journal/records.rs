@@ -94,8 +94,11 @@ impl From<PodRecordV1> for PodRecordV2 {
 /// a build that does not know it leaves it alone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SlotsV1 {
-    pub(crate) backends: Vec<(String, Vec<Option<(String, u16)>>)>,
+    pub(crate) backends: Vec<(String, Vec<StoredSlotV1>)>,
 }
+
+/// One slot on disk: the endpoint (address, port) it holds, or nothing.
+pub(crate) type StoredSlotV1 = Option<(String, u16)>;
 
 /// The journal's metadata, schema 1 and 2 (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
