@@ -24,6 +24,7 @@ build:
 
 lint:
 	cargo fmt --all -- --check
+	cargo clippy --all-targets --quiet -- -D warnings
 
 test-unit:
 	cargo test --lib --bins
