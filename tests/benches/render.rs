@@ -2,7 +2,8 @@
 //! Service and an EndpointSlice of 3 endpoints), and the memory the stores hold at each size.
 //!
 //! Run with `cargo bench --bench render`. The target (issue #3) is at most 20 µs per Ingress
-//! at 10,000.
+//! at 10,000. The same fleets are rendered with the chart's default library too (six maps,
+//! TLS, server slots), when Helm is at hand (`make env-install` builds it) to render the chart.
 
 #[path = "../support/synthetic.rs"]
 mod synthetic;
@@ -52,22 +53,43 @@ fn stores_for(config: &HAProxyTemplateConfig, objects: &[serde_json::Value]) -> 
     haptic::offline::build_stores(&config.spec, &sourced).expect("stores build")
 }
 
-fn render(c: &mut Criterion) {
-    // As issue #3 states it: one path per Ingress, to its Service.
-    render_fleets(c, "full_render", 1);
-    // Twice the routes: two paths per Ingress, one by port number and one by port name.
-    render_fleets(c, "full_render_two_paths", 2);
+/// The chart's default configuration, as `helm template` renders it.
+fn chart_config() -> Option<HAProxyTemplateConfig> {
+    let helm = std::env::var_os("HAPTIC_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/haptic-env/bin/helm"));
+    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("chart");
+    let output = std::process::Command::new(&helm)
+        .args(["template", "bench"])
+        .arg(&chart)
+        .args(["--namespace", "haptic-system", "--kube-version", "1.36.3"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    let document = text.split("\n---").find(|d| d.contains("kind: HAProxyTemplateConfig"))?;
+    serde_saphyr::from_str(document).ok()
 }
 
-fn render_fleets(c: &mut Criterion, name: &str, paths: usize) {
-    let config = example_config();
+fn render(c: &mut Criterion) {
+    // As issue #3 states it: one path per Ingress, to its Service.
+    render_fleets(c, "full_render", &example_config(), 1);
+    // Twice the routes: two paths per Ingress, one by port number and one by port name.
+    render_fleets(c, "full_render_two_paths", &example_config(), 2);
+    match chart_config() {
+        Some(config) => render_fleets(c, "chart_library", &config, 1),
+        None => println!("chart_library: skipped (no Helm at $HAPTIC_HELM or ~/.cache/haptic-env/bin/helm)"),
+    }
+}
+
+fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, paths: usize) {
     let renderer = Renderer::compile(&config.spec).expect("example compiles");
     let mut group = c.benchmark_group(name);
     group.sample_size(10);
     for count in [100usize, 1_000, 10_000] {
         let objects = synthetic::ingress_fleet_with_paths(count, paths);
         let before = LIVE_BYTES.load(Ordering::Relaxed);
-        let stores = stores_for(&config, &objects);
+        let stores = stores_for(config, &objects);
         // The first render builds each object's template value once; it is part of the store.
         let files = renderer.render(&stores, &[]).expect("renders");
         let held = LIVE_BYTES.load(Ordering::Relaxed)
