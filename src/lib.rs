@@ -1,7 +1,7 @@
 //! haptic: a Kubernetes ingress controller for a fleet of HAProxy load balancers.
 //!
 //! The pipeline runs watch → render → plan → per-pod state machine → Dataplane client,
-//! with the journal, the HTTP API and telemetry at the side. `docs/ARCHITECTURE.md`
+//! with the journal, the HTTP API, telemetry and leader election at the side. `docs/ARCHITECTURE.md`
 //! describes each module, what it owns and what it may call.
 
 pub mod api;
