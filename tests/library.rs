@@ -12,123 +12,26 @@
 mod env;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use env::chart::{haproxy_binaries, render_chart};
+use env::chart::haproxy_binaries;
 use env::controller::{ControllerProcess, Launch};
-use k8s_openapi::api::core::v1::{Secret, Service};
+use env::standalone::{
+    Haproxy, apply_library_config, install_render, own_address, service_with_endpoints, start_backends,
+};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 const FRONTEND: &str = "127.1.3.1";
 const BACKENDS: usize = 6;
 const BACKEND_BASE_PORT: u16 = 18100;
-
-/// The machine's first non-loopback IPv4 address.
-fn own_address() -> Result<String> {
-    let output = Command::new("hostname").arg("-I").output()?;
-    let text = String::from_utf8(output.stdout)?;
-    text.split_whitespace()
-        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()))
-        .map(str::to_owned)
-        .context("this machine has no non-loopback IPv4 address for the EndpointSlices")
-}
-
-/// A child process killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// HAProxy running the controller's files from `dir`.
-struct Haproxy {
-    _process: Process,
-    dir: PathBuf,
-}
-
-impl Haproxy {
-    fn start(binary: &Path, dir: &Path) -> Result<Self> {
-        let log = std::fs::File::create(dir.join("haproxy.log"))?;
-        let child = Command::new(binary)
-            .arg("-W")
-            .arg("-db")
-            .arg("-S")
-            .arg(dir.join("master.sock"))
-            .arg("-f")
-            .arg(dir.join("haproxy.cfg"))
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        let haproxy = Self { _process: Process(child), dir: dir.to_owned() };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect((FRONTEND, 8080)).is_err() {
-            ensure!(Instant::now() < deadline, "HAProxy did not start:\n{}", haproxy.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(haproxy)
-    }
-
-    fn reload(&self) -> Result<()> {
-        let mut socket = std::os::unix::net::UnixStream::connect(self.dir.join("master.sock"))?;
-        socket.write_all(b"reload\n")?;
-        socket.shutdown(std::net::Shutdown::Write)?;
-        let mut answer = String::new();
-        socket.read_to_string(&mut answer)?;
-        ensure!(answer.starts_with("Success=1"), "reload refused: {answer}\n{}", self.log());
-        Ok(())
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default()
-    }
-}
-
-/// Puts the controller's latest render where the configuration's paths point. Certificates are
-/// never in the render directory (they hold keys): each one the crt-list names is written from
-/// the Secret it came from (`<namespace>_<secret>_<hash>.pem`).
-fn install_render(
-    controller: &ControllerProcess,
-    dir: &Path,
-    namespace: &str,
-    pems: &BTreeMap<String, String>,
-) -> Result<()> {
-    std::fs::create_dir_all(dir.join("maps"))?;
-    std::fs::create_dir_all(dir.join("general"))?;
-    std::fs::create_dir_all(dir.join("certs"))?;
-    let crt_list = std::fs::read_to_string(controller.render_dir.join("files/crt-list.txt")).unwrap_or_default();
-    for path in crt_list.lines().filter_map(|line| line.split_whitespace().next()) {
-        let file =
-            Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
-        let (secret, pem) = pems
-            .iter()
-            .find(|(secret, _)| file.starts_with(&format!("{namespace}_{secret}_")))
-            .with_context(|| format!("{file} names no Secret of the test"))?;
-        ensure!(
-            !controller.render_dir.join("certs").join(&file).exists(),
-            "the key of {secret} reached the render directory"
-        );
-        std::fs::write(dir.join("certs").join(&file), pem)?;
-    }
-    std::fs::copy(controller.render_dir.join("haproxy.cfg"), dir.join("haproxy.cfg"))?;
-    for (from, to) in [("maps", "maps"), ("files", "general")] {
-        for entry in std::fs::read_dir(controller.render_dir.join(from))? {
-            let entry = entry?;
-            std::fs::copy(entry.path(), dir.join(to).join(entry.file_name()))?;
-        }
-    }
-    Ok(())
-}
 
 /// A self-signed certificate and key (PEM) for `subject`, made with openssl.
 fn self_signed(dir: &Path, subject: &str) -> Result<(String, String)> {
@@ -258,66 +161,13 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
     let dir = work.path().to_owned();
 
     // Backends svc-0..5, each a Service with an EndpointSlice on this machine's address.
-    let specs: Vec<String> =
-        (0..BACKENDS).map(|i| format!("svc-{i}={address}:{}", BACKEND_BASE_PORT + i as u16)).collect();
-    let backends = Process(
-        Command::new("python3")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/backend.py"))
-            .args(&specs)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("backends.log"))?)
-            .spawn()?,
-    );
-    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let specs: Vec<(String, u16)> = (0..BACKENDS).map(|i| (format!("svc-{i}"), BACKEND_BASE_PORT + i as u16)).collect();
+    let backends = start_backends(&dir, &address, &specs)?;
+    for (name, port) in &specs {
+        service_with_endpoints(&client, &namespace, name, &address, *port).await?;
+    }
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
-    for i in 0..BACKENDS {
-        let port = BACKEND_BASE_PORT + i as u16;
-        let service = serde_json::from_value(json!({
-            "metadata": {"name": format!("svc-{i}")},
-            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]}
-        }))?;
-        services.create(&PostParams::default(), &service).await?;
-        let slice = serde_json::from_value(json!({
-            "metadata": {"name": format!("svc-{i}-1"), "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": port}],
-            "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
-        }))?;
-        slices.create(&PostParams::default(), &slice).await?;
-    }
-
-    // The chart's configuration, bound to this test's address and directories.
-    let set = |key: &str, value: &str| format!("{key}={value}");
-    let values = [
-        set("haproxy.bindAddress", FRONTEND),
-        set("haproxy.ports.http", "8080"),
-        set("haproxy.ports.health", "8404"),
-        set("haproxy.paths.maps", &dir.join("maps").display().to_string()),
-        set("haproxy.paths.general", &dir.join("general").display().to_string()),
-        set("haproxy.paths.runtimeSocket", &dir.join("runtime.sock").display().to_string()),
-        set("haproxy.paths.certs", &dir.join("certs").display().to_string()),
-        set("haproxy.ports.https", "8443"),
-        set("config.watchedResources.secrets.namespaces", &format!("{{{namespace}}}")),
-        // Only this test's objects: other tests share the API server.
-        set("config.watchedResources.ingresses.namespaces", &format!("{{{namespace}}}")),
-        set("config.watchedResources.services.namespaces", &format!("{{{namespace}}}")),
-        set("config.watchedResources.endpoints.namespaces", &format!("{{{namespace}}}")),
-    ];
-    let mut args: Vec<&str> = Vec::new();
-    for value in &values {
-        args.extend(["--set", value.as_str()]);
-    }
-    let config = render_chart("library", &namespace, &args)?
-        .into_iter()
-        .find(|d| d["kind"] == "HAProxyTemplateConfig")
-        .context("the chart has no HAProxyTemplateConfig")?;
-    let config: DynamicObject = serde_json::from_value(config)?;
-    let discovery = kube::discovery::Discovery::new(client.clone()).filter(&["haptic.dev"]).run().await?;
-    let (resource, _) = discovery
-        .resolve_gvk(&kube::api::GroupVersionKind::gvk("haptic.dev", "v1alpha1", "HAProxyTemplateConfig"))
-        .context("CRD not served")?;
-    let configs: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
-    configs.patch("haptic", &PatchParams::apply("library-test"), &Patch::Apply(&config)).await?;
+    apply_library_config(&client, &namespace, "library", FRONTEND, &dir).await?;
 
     // TLS: the chart's default certificate Secret and two of the Ingresses'.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
@@ -409,7 +259,7 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
         .await?;
     install_render(&controller, &dir, &namespace, &pems)?;
     let haproxy_binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
-    let haproxy = Haproxy::start(&haproxy_binary, &dir)?;
+    let haproxy = Haproxy::start(&haproxy_binary, &dir, FRONTEND)?;
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Shows the environment working end to end, without the controller (which later issues add):
-a raw HAProxy configuration is pushed through one pod's Dataplane API, the reload it queues is
-followed until it succeeds, and a request through that pod's HAProxy is answered by a backend.
+"""The first half of `make demo`: the environment's own plumbing, before the controller runs
+(tests/demo.rs is the second half): a raw HAProxy configuration is pushed through one pod's
+Dataplane API, the reload it queues is followed until it succeeds, and a request through that
+pod's HAProxy is answered by a backend.
 
 Where the Dataplane API could not be built (see docs/environment.md) the demo says BLOCKED and
 loads the same configuration through HAProxy's master CLI instead, so the rest still shows.

@@ -12,6 +12,7 @@ pub mod controller;
 pub mod fixtures;
 pub mod otlp;
 pub mod proxy;
+pub mod standalone;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,203 @@
+//! A standalone HAProxy running what the real controller rendered, for tests and the demo
+//! while the Dataplane API, which deploys renders to pods, cannot be built here: backends on
+//! this machine's own address (EndpointSlices refuse loopback ones), their Services, the
+//! chart's configuration bound to one loopback address, and the render loaded by copy.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::controller::ControllerProcess;
+
+/// The machine's first non-loopback IPv4 address.
+pub fn own_address() -> Result<String> {
+    let output = Command::new("hostname").arg("-I").output()?;
+    let text = String::from_utf8(output.stdout)?;
+    text.split_whitespace()
+        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()))
+        .map(str::to_owned)
+        .context("this machine has no non-loopback IPv4 address for the EndpointSlices")
+}
+
+/// A child process killed when dropped.
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// HAProxy running the controller's files from `dir`.
+pub struct Haproxy {
+    _process: Process,
+    dir: PathBuf,
+}
+
+impl Haproxy {
+    /// Starts HAProxy on `dir/haproxy.cfg`, waiting for `frontend`:8080 to answer.
+    pub fn start(binary: &Path, dir: &Path, frontend: &str) -> Result<Self> {
+        let log = std::fs::File::create(dir.join("haproxy.log"))?;
+        let child = Command::new(binary)
+            .arg("-W")
+            .arg("-db")
+            .arg("-S")
+            .arg(dir.join("master.sock"))
+            .arg("-f")
+            .arg(dir.join("haproxy.cfg"))
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let haproxy = Self { _process: Process(child), dir: dir.to_owned() };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect((frontend, 8080)).is_err() {
+            ensure!(Instant::now() < deadline, "HAProxy did not start:\n{}", haproxy.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(haproxy)
+    }
+
+    /// Reloads through the master CLI.
+    pub fn reload(&self) -> Result<()> {
+        let mut socket = std::os::unix::net::UnixStream::connect(self.dir.join("master.sock"))?;
+        socket.write_all(b"reload\n")?;
+        socket.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer)?;
+        ensure!(answer.starts_with("Success=1"), "reload refused: {answer}\n{}", self.log());
+        Ok(())
+    }
+
+    /// HAProxy's output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default()
+    }
+}
+
+/// Puts the controller's latest render where the configuration's paths point. Certificates are
+/// never in the render directory (they hold keys): each one the crt-list names is written from
+/// the Secret it came from (`<namespace>_<secret>_<hash>.pem`).
+pub fn install_render(
+    controller: &ControllerProcess,
+    dir: &Path,
+    namespace: &str,
+    pems: &BTreeMap<String, String>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir.join("maps"))?;
+    std::fs::create_dir_all(dir.join("general"))?;
+    std::fs::create_dir_all(dir.join("certs"))?;
+    let crt_list = std::fs::read_to_string(controller.render_dir.join("files/crt-list.txt")).unwrap_or_default();
+    for path in crt_list.lines().filter_map(|line| line.split_whitespace().next()) {
+        let file =
+            Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
+        let (secret, pem) = pems
+            .iter()
+            .find(|(secret, _)| file.starts_with(&format!("{namespace}_{secret}_")))
+            .with_context(|| format!("{file} names no Secret of the test"))?;
+        ensure!(
+            !controller.render_dir.join("certs").join(&file).exists(),
+            "the key of {secret} reached the render directory"
+        );
+        std::fs::write(dir.join("certs").join(&file), pem)?;
+    }
+    std::fs::copy(controller.render_dir.join("haproxy.cfg"), dir.join("haproxy.cfg"))?;
+    for (from, to) in [("maps", "maps"), ("files", "general")] {
+        for entry in std::fs::read_dir(controller.render_dir.join(from))? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), dir.join(to).join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Starts the backends `name=address:port` (one process), answering with their names.
+pub fn start_backends(dir: &Path, address: &str, specs: &[(String, u16)]) -> Result<Process> {
+    let specs: Vec<String> = specs.iter().map(|(name, port)| format!("{name}={address}:{port}")).collect();
+    let child = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/backend.py"))
+        .args(&specs)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("backends.log"))?)
+        .spawn()
+        .context("starting the backends")?;
+    Ok(Process(child))
+}
+
+/// A Service `name` (port 80, named `http`) with one ready endpoint at `address:port`.
+pub async fn service_with_endpoints(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    address: &str,
+    port: u16,
+) -> Result<()> {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let service = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]}
+    }))?;
+    services.create(&PostParams::default(), &service).await?;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let slice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
+    }))?;
+    slices.create(&PostParams::default(), &slice).await?;
+    Ok(())
+}
+
+/// Applies the chart's default configuration (`haptic`) for release `release`, bound to
+/// `frontend` (HTTP 8080, HTTPS 8443, health 8404) with its files under `dir`, watching only
+/// `namespace` (other tests share the API server).
+pub async fn apply_library_config(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    frontend: &str,
+    dir: &Path,
+) -> Result<()> {
+    let path = |name: &str| dir.join(name).display().to_string();
+    let only_here = format!("{{{namespace}}}");
+    let values = [
+        ("haproxy.bindAddress", frontend.to_owned()),
+        ("haproxy.ports.http", "8080".into()),
+        ("haproxy.ports.https", "8443".into()),
+        ("haproxy.ports.health", "8404".into()),
+        ("haproxy.paths.maps", path("maps")),
+        ("haproxy.paths.general", path("general")),
+        ("haproxy.paths.certs", path("certs")),
+        ("haproxy.paths.runtimeSocket", path("runtime.sock")),
+        ("config.watchedResources.ingresses.namespaces", only_here.clone()),
+        ("config.watchedResources.services.namespaces", only_here.clone()),
+        ("config.watchedResources.endpoints.namespaces", only_here.clone()),
+        ("config.watchedResources.secrets.namespaces", only_here),
+    ];
+    let sets: Vec<String> = values.iter().map(|(key, value)| format!("{key}={value}")).collect();
+    let mut args: Vec<&str> = Vec::new();
+    for set in &sets {
+        args.extend(["--set", set.as_str()]);
+    }
+    let config = super::chart::render_chart(release, namespace, &args)?
+        .into_iter()
+        .find(|d| d["kind"] == "HAProxyTemplateConfig")
+        .context("the chart has no HAProxyTemplateConfig")?;
+    let config: DynamicObject = serde_json::from_value(config)?;
+    let discovery = kube::discovery::Discovery::new(client.clone()).filter(&["haptic.dev"]).run().await?;
+    let (resource, _) = discovery
+        .resolve_gvk(&kube::api::GroupVersionKind::gvk("haptic.dev", "v1alpha1", "HAProxyTemplateConfig"))
+        .context("the HAProxyTemplateConfig CRD is not served")?;
+    let configs: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+    configs.patch("haptic", &PatchParams::apply("haptic-tests"), &Patch::Apply(&config)).await?;
+    Ok(())
+}
