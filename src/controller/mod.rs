@@ -329,7 +329,8 @@ fn pod_facts(
     pods: &[crate::render::PodInfo],
     files: &crate::files::FileSet,
 ) -> Vec<PodFact> {
-    let desired = crate::fleet::Desired::new(files.clone()).checksums;
+    // Called every second: the checksums only, not a copy of the whole render.
+    let desired = crate::fleet::deployed_checksums(files);
     pods.iter()
         .map(|pod| {
             let record = journal.pod(&crate::journal::PodUid(pod.uid.clone())).ok().flatten();

@@ -47,18 +47,23 @@ pub struct Desired {
     pub trace: Option<TraceParent>,
 }
 
+/// The checksums a pod running `files` shows a verification, as the machine compares them.
+pub fn deployed_checksums(files: &FileSet) -> FileChecksums {
+    // A certificate is known by its name, which carries its content's hash: the Dataplane
+    // API never gives a certificate back, so its name is all a verification can compare.
+    files
+        .entries()
+        .map(|(name, file)| {
+            let checksum = if file.sensitive { crate::files::Checksum::of(name.as_bytes()) } else { file.checksum };
+            (name, checksum)
+        })
+        .collect()
+}
+
 impl Desired {
     /// Wraps a render.
     pub fn new(files: FileSet) -> Self {
-        // A certificate is known by its name, which carries its content's hash: the Dataplane
-        // API never gives a certificate back, so its name is all a verification can compare.
-        let checksums = files
-            .entries()
-            .map(|(name, file)| {
-                let checksum = if file.sensitive { crate::files::Checksum::of(name.as_bytes()) } else { file.checksum };
-                (name, checksum)
-            })
-            .collect();
+        let checksums = deployed_checksums(&files);
         Self { files: Arc::new(files), checksums, trace: None }
     }
 

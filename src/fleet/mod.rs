@@ -11,4 +11,4 @@ pub mod machine;
 pub mod supervisor;
 
 pub use dataplane_actions::DataplaneActions;
-pub use driver::{Desired, DriverSettings, PodActions, PodDriver, PodTarget, Validation};
+pub use driver::{Desired, DriverSettings, PodActions, PodDriver, PodTarget, Validation, deployed_checksums};
