@@ -15,7 +15,7 @@ ENVCTL = $(PYTHON) tests/env/envctl.py
 demo: build
 	$(ENVCTL) up --state-dir $(ENV_DIR) --net $(ENV_NET) --pods $(PODS)
 	$(PYTHON) tests/env/demo.py --state-dir $(ENV_DIR)
-	HAPTIC_ENV_DIR=$(abspath $(ENV_DIR)) cargo test --quiet --test demo -- --ignored --nocapture
+	HAPTIC_ENV_DIR=$(abspath $(ENV_DIR)) cargo test --quiet --test demo -- --nocapture
 
 ## Every test: formatting, unit tests, the environment scripts' tests, integration tests on real components.
 test: lint test-unit test-env-scripts test-integration

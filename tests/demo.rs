@@ -5,7 +5,7 @@
 //! Deployment to HAProxy pods goes through their Dataplane API. Where it cannot be built
 //! (docs/environment.md) the demo says BLOCKED and loads the controller's render into a real
 //! HAProxy itself, by copy and master-CLI reload, so the rest of the story still shows.
-//! Ignored by `make test`; `make demo` runs it with `--ignored --nocapture`.
+//! `make test` runs it like any test; `make demo` runs it with `--nocapture` to show its lines.
 
 mod env;
 
@@ -33,7 +33,6 @@ async fn ask(http: &reqwest::Client, host: &str) -> Result<String> {
 }
 
 #[tokio::test]
-#[ignore = "the demo, run by `make demo`"]
 async fn demo() -> Result<()> {
     let env = env::environment();
     let client = env.kube_client().await?;

@@ -77,14 +77,7 @@ async fn a_change_is_traced_through_validation_to_every_pod_and_metrics_follow_s
     let _pods = env::exclusive_pods().await;
     let (client, namespace) = setup("fleet-live").await?;
     let service = format!("haptic-{namespace}");
-    let launch = Launch {
-        env: vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), env.otlp.http_endpoint.clone()),
-            ("OTEL_SERVICE_NAME".into(), service.clone()),
-            ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
-        ],
-        ..Launch::default()
-    };
+    let launch = Launch::traced(env, &service);
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;

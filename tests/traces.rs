@@ -43,14 +43,7 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
     .await?;
 
     let service = format!("haptic-{namespace}");
-    let launch = Launch {
-        env: vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), env.otlp.http_endpoint.clone()),
-            ("OTEL_SERVICE_NAME".into(), service.clone()),
-            ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
-        ],
-        ..Launch::default()
-    };
+    let launch = Launch::traced(env, &service);
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;

@@ -71,6 +71,21 @@ pub struct Launch {
     pub kubeconfig: Option<PathBuf>,
 }
 
+impl Launch {
+    /// Trace export to the environment's OpenTelemetry Collector, as `service`, flushed every
+    /// 100 ms so a test need not wait for the default 5 s batches.
+    pub fn traced(env: &Manifest, service: &str) -> Self {
+        Self {
+            env: vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), env.otlp.http_endpoint.clone()),
+                ("OTEL_SERVICE_NAME".into(), service.to_owned()),
+                ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
+            ],
+            ..Self::default()
+        }
+    }
+}
+
 /// A running `haptic run`, stopped when dropped.
 pub struct ControllerProcess {
     child: Child,
