@@ -25,6 +25,18 @@ impl Checksum {
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)
     }
+
+    /// A checksum from the 64 lowercase hex digits it displays as; `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self(bytes))
+    }
 }
 
 impl fmt::Display for Checksum {
@@ -108,6 +120,14 @@ impl FileSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checksum_reads_back_from_its_hex() {
+        let checksum = Checksum::of(b"global\n");
+        assert_eq!(Checksum::from_hex(&checksum.to_string()), Some(checksum));
+        assert_eq!(Checksum::from_hex("abc"), None);
+        assert_eq!(Checksum::from_hex(&"G".repeat(64)), None);
+    }
 
     #[test]
     fn checksum_is_sha256_in_hex() {

@@ -1,53 +1,72 @@
 //! `make demo`: the controller's main job end to end on the local environment. An Ingress
 //! names which backend serves a host; the real controller renders the chart's default
-//! configuration from it; a request through HAProxy reaches that backend.
-//!
-//! Deployment to HAProxy pods goes through their Dataplane API. Where it cannot be built
-//! (docs/environment.md) the demo says BLOCKED and loads the controller's render into a real
-//! HAProxy itself, by copy and master-CLI reload, so the rest of the story still shows.
-//! `make test` runs it like any test; `make demo` runs it with `--nocapture` to show its lines.
+//! configuration from it and deploys it to every HAProxy pod through the pod's Dataplane API;
+//! a request through each pod's HAProxy reaches that backend. Then the Ingress changes and the
+//! pods follow. `make test` runs it like any test; `make demo` runs it with `--nocapture` to
+//! show its lines.
 
 mod env;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
-use env::chart::haproxy_binaries;
+use anyhow::{Context, Result, bail, ensure};
 use env::controller::{ControllerProcess, Launch};
-use env::standalone::{
-    Haproxy, apply_library_config, install_render, own_address, service_with_endpoints, start_backends,
-};
+use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::json;
-
-const FRONTEND: &str = "127.0.3.1";
+use serde_json::{Value, json};
 
 fn say(line: &str) {
     println!("demo: {line}");
 }
 
-async fn ask(http: &reqwest::Client, host: &str) -> Result<String> {
-    let answer = http.get(format!("http://{FRONTEND}:8080/hello")).header("Host", host).send().await?;
+async fn ask(http: &reqwest::Client, address: &str, host: &str) -> Result<String> {
+    let answer = http.get(format!("http://{address}/hello")).header("Host", host).send().await?;
     Ok(format!("{} {}", answer.status().as_u16(), answer.text().await?.trim()))
+}
+
+/// Asks every pod until each answers from `backend`.
+async fn until_every_pod_answers(http: &reqwest::Client, env: &env::Manifest, backend: &str) -> Result<()> {
+    for pod in &env.pods {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = ask(http, &pod.http_address, "shop.demo.example").await.unwrap_or_else(|e| e.to_string());
+            if answer.contains(&format!("backend={backend}")) {
+                say(&format!(
+                    "GET http://shop.demo.example/hello via {} (HAProxy {}) -> {answer}",
+                    pod.name, pod.haproxy_version
+                ));
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{} did not answer from {backend}: {answer}", pod.name);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
+async fn pods_view(api: &str) -> Result<Vec<Value>> {
+    let answer: Value = reqwest::get(format!("{api}/api/v1/pods")).await?.json().await?;
+    Ok(answer["pods"].as_array().cloned().unwrap_or_default())
 }
 
 #[tokio::test]
 async fn demo() -> Result<()> {
     let env = env::environment();
+    let _pods = env::exclusive_pods().await;
     let client = env.kube_client().await?;
     env::chart::apply_chart_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "demo").await?;
+    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
     let address = own_address()?;
     let work = tempfile::tempdir()?;
-    let dir = work.path().to_owned();
     let backends = [("blue".to_owned(), 18200), ("green".to_owned(), 18201)];
-    let _backends = start_backends(&dir, &address, &backends)?;
+    let _backends = start_backends(work.path(), &address, &backends)?;
     for (name, port) in &backends {
         service_with_endpoints(&client, &namespace, name, &address, *port).await?;
     }
     say(&format!("Services blue and green in namespace {namespace}, backends on {address}:18200/18201"));
-    apply_library_config(&client, &namespace, "demo", FRONTEND, &dir).await?;
+    apply_library_config_for_pods(&client, &namespace, "demo").await?;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     let ingress: Ingress = serde_json::from_value(json!({
         "metadata": {"name": "shop"},
@@ -61,37 +80,39 @@ async fn demo() -> Result<()> {
     let journal = dir_controller.path().join("journal");
     let controller =
         ControllerProcess::launch(env, &namespace, "haptic", dir_controller, &journal, &Launch::default())?;
-    let within = Duration::from_secs(60);
-    controller.wait_for_config("the first render", within, |cfg| cfg.contains("shop.demo.example")).await?;
-    say(&format!("haptic rendered haproxy.cfg, maps and files (render directory {})", controller.render_dir.display()));
-    if !env.dataplane.available {
-        say(&format!(
-            "BLOCKED: deployment through the Dataplane API: {}",
-            env.dataplane.blocked_reason.as_deref().unwrap_or("unavailable")
-        ));
-        say("loading the render into a real HAProxy 2.8 by copy instead");
-    }
-    install_render(&controller, &dir, &namespace, &Default::default())?;
-    let binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
-    let haproxy = Haproxy::start(&binary, &dir, FRONTEND)?;
+    let api = controller.api_url().await?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    let first = ask(&http, "shop.demo.example").await?;
-    say(&format!("GET http://shop.demo.example/hello via HAProxy {FRONTEND}:8080 -> {first}"));
-    ensure!(first.contains("backend=blue"), "the Ingress's backend did not answer: {first}\n{}", haproxy.log());
+    let first = until_every_pod_answers(&http, env, "blue").await;
+    if first.is_err() {
+        let pods = pods_view(&api).await.unwrap_or_default();
+        first.with_context(|| format!("{pods:#?}\n{}", controller.log_tail()))?;
+    }
 
     let switch = Patch::Merge(json!({"spec": {"rules": [{"host": "shop.demo.example", "http": {"paths": [
         {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "green", "port": {"number": 80}}}}]}}]}}));
     ingresses.patch("shop", &PatchParams::default(), &switch).await?;
     say("Ingress shop changed: -> Service green");
-    controller.wait_for_config("the change", within, |cfg| cfg.contains(":18201")).await?;
-    install_render(&controller, &dir, &namespace, &Default::default())?;
-    haproxy.reload()?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = ask(&http, "shop.demo.example").await?;
-    say(&format!("GET http://shop.demo.example/hello via HAProxy {FRONTEND}:8080 -> {second}"));
-    ensure!(second.contains("backend=green"), "the changed Ingress's backend did not answer: {second}");
-    let unknown = ask(&http, "nowhere.demo.example").await?;
+    until_every_pod_answers(&http, env, "green").await.with_context(|| controller.log_tail())?;
+    let unknown = ask(&http, &env.pods[0].http_address, "nowhere.demo.example").await?;
     say(&format!("GET http://nowhere.demo.example/hello -> {unknown}"));
-    say("done: the Ingress chose the backend, haptic rendered it, HAProxy served it");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pods = loop {
+        let pods = pods_view(&api).await?;
+        if pods.len() == env.pods.len() && pods.iter().all(|p| p["state"] == "InSync") {
+            break pods;
+        }
+        if Instant::now() > deadline {
+            bail!("not every pod InSync: {pods:#?}\n{}", controller.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for pod in &pods {
+        say(&format!(
+            "{} is {} (its Dataplane API took every change, haptic's API shows it)",
+            pod["name"], pod["state"]
+        ));
+    }
+    say("done: the Ingress chose the backend, haptic deployed it through each pod's Dataplane API, HAProxy served it");
     Ok(())
 }

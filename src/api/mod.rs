@@ -379,7 +379,7 @@ mod tests {
                     name: "haproxy-0".into(),
                     state: PodState::InSync,
                     pushed: Some(vec![("haproxy.cfg".into(), crate::files::Checksum::of(b"x"))]),
-                    config_version: None,
+                    copy: None,
                     last_transition: TransitionEntry {
                         seq,
                         at: UNIX_EPOCH + Duration::from_secs(1_764_000_000 + seq),

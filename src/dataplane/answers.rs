@@ -58,8 +58,9 @@ pub enum ReloadStatus {
 /// One reload known to the Dataplane API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reload {
-    /// Its id.
-    pub id: ReloadId,
+    /// Its id; v3.2.7 answers a reload still waiting for its turn without one
+    /// (`{"status":"in_progress"}`, see `GetReload` in its `haproxy/reload_agent.go`).
+    pub id: Option<ReloadId>,
     /// Where it stands.
     pub status: ReloadStatus,
     /// HAProxy's output for a failed reload.
@@ -84,6 +85,7 @@ struct HealthAnswer {
 
 #[derive(Deserialize)]
 struct ReloadAnswer {
+    #[serde(default)]
     id: String,
     status: String,
     response: Option<String>,
@@ -164,9 +166,10 @@ fn reload_from(answer: ReloadAnswer) -> Result<Reload, String> {
         "in_progress" => ReloadStatus::InProgress,
         "succeeded" => ReloadStatus::Succeeded,
         "failed" => ReloadStatus::Failed,
-        other => return Err(format!("reload {} has unknown status {other:?}", answer.id)),
+        other => return Err(format!("reload {:?} has unknown status {other:?}", answer.id)),
     };
-    Ok(Reload { id: ReloadId(answer.id), status, response: answer.response.filter(|r| !r.is_empty()) })
+    let id = (!answer.id.is_empty()).then_some(ReloadId(answer.id));
+    Ok(Reload { id, status, response: answer.response.filter(|r| !r.is_empty()) })
 }
 
 /// Parses a storage listing (`GET /services/haproxy/storage/maps` or `.../general`).
@@ -175,6 +178,38 @@ pub fn parse_storage_names(body: &str) -> Result<Vec<String>, String> {
     let mut names: Vec<String> = entries.into_iter().map(|e| e.storage_name).collect();
     names.sort();
     Ok(names)
+}
+
+/// The configuration file as the Dataplane API stores it after a write: not the text that was
+/// sent, but its parser's own layout of it (sections reordered, two-space indents, unnamed
+/// `defaults` named, a `# _md5hash=` and a `# _version=` line on top).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredConfig {
+    /// The configuration version of the file.
+    pub version: ConfigVersion,
+    /// The file's text.
+    pub text: String,
+}
+
+impl StoredConfig {
+    /// Reads the version from the file's own `# _version=` line, or, for a file the API never
+    /// wrote (a pod's bootstrap configuration has none), from the answer's
+    /// `Configuration-Version` header.
+    pub fn from_text(text: String, header: Option<&str>) -> Result<Self, String> {
+        let version = text
+            .lines()
+            .find_map(|line| line.strip_prefix("# _version="))
+            .or(header)
+            .ok_or_else(|| "the configuration has no `# _version=` line and no Configuration-Version".to_owned())
+            .and_then(parse_version)?;
+        Ok(Self { version, text })
+    }
+
+    /// The file without the lines the Dataplane API rewrites on every write (`# _version=`,
+    /// `# _md5hash=`): equal for two files that differ in nothing else.
+    pub fn content(&self) -> impl Iterator<Item = &str> {
+        self.text.lines().filter(|line| !line.starts_with("# _version=") && !line.starts_with("# _md5hash="))
+    }
 }
 
 /// The human message of an error answer: the `message` field when the body is the API's JSON
@@ -231,8 +266,26 @@ mod tests {
         assert_eq!(reloads[1].response.as_deref(), Some("[ALERT] bad"));
         assert_eq!(
             reloads[2],
-            Reload { id: ReloadId("2026-12-02-3".into()), status: ReloadStatus::InProgress, response: None }
+            Reload { id: Some(ReloadId("2026-12-02-3".into())), status: ReloadStatus::InProgress, response: None }
         );
+    }
+
+    #[test]
+    fn a_reload_waiting_its_turn_has_no_id() {
+        // What v3.2.7 answers for the reload it has queued but not started.
+        let reload = parse_reload(r#"{"status":"in_progress"}"#).unwrap();
+        assert_eq!(reload, Reload { id: None, status: ReloadStatus::InProgress, response: None });
+    }
+
+    #[test]
+    fn a_stored_configuration_reads_its_version_from_the_file() {
+        let text = "# _md5hash=ab12\n# _version=7\n# note\n\nglobal\n  maxconn 10\n";
+        let stored = StoredConfig::from_text(text.into(), Some("3")).unwrap();
+        assert_eq!(stored.version, ConfigVersion(7), "the file's line wins");
+        assert_eq!(stored.content().collect::<Vec<_>>(), ["# note", "", "global", "  maxconn 10"]);
+        // A bootstrap file the API never wrote: only the header says.
+        assert_eq!(StoredConfig::from_text("global\n".into(), Some("1")).unwrap().version, ConfigVersion(1));
+        assert!(StoredConfig::from_text("global\n".into(), None).unwrap_err().contains("_version"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode, Url};
 use thiserror::Error;
 
-pub use answers::{ApiInfo, ConfigVersion, Health, Reload, ReloadId, ReloadStatus, RuntimeServer};
+pub use answers::{ApiInfo, ConfigVersion, Health, Reload, ReloadId, ReloadStatus, RuntimeServer, StoredConfig};
 
 /// Where a pod's Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,10 +112,11 @@ pub enum PushMode {
 pub enum PushOutcome {
     /// `only_validate`: HAProxy accepted the configuration; nothing changed on the pod.
     Valid,
-    /// The file was written and no reload is pending (or a forced reload already ran).
-    Applied,
-    /// The file was written and a reload was queued under this id.
-    ReloadQueued(ReloadId),
+    /// The file was written, as stored here, and no reload is pending (or a forced reload
+    /// already ran).
+    Applied(StoredConfig),
+    /// The file was written, as stored here, and a reload was queued under this id.
+    ReloadQueued(ReloadId, StoredConfig),
 }
 
 /// Errors talking to one Dataplane API, each naming the endpoint it concerns.
@@ -247,15 +248,11 @@ impl DataplaneClient {
     }
 
     /// `GET /services/haproxy/configuration/raw`: the configuration file as the pod has it.
-    pub async fn raw_configuration(&self) -> Result<(ConfigVersion, String), DataplaneError> {
+    pub async fn raw_configuration(&self) -> Result<StoredConfig, DataplaneError> {
         let path = "services/haproxy/configuration/raw";
         let (headers, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
-        let version = headers
-            .get("Configuration-Version")
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| self.unreadable(path, "no Configuration-Version header".into()))
-            .and_then(|v| answers::parse_version(v).map_err(|detail| self.unreadable(path, detail)))?;
-        Ok((version, body))
+        let header = headers.get("Configuration-Version").and_then(|v| v.to_str().ok());
+        StoredConfig::from_text(body, header).map_err(|detail| self.unreadable(path, detail))
     }
 
     /// `POST /services/haproxy/configuration/raw`: validates or replaces the whole configuration.
@@ -299,8 +296,9 @@ impl DataplaneClient {
         runtime_actions: Option<String>,
     ) -> Result<PushOutcome, DataplaneError> {
         let path = "services/haproxy/configuration/raw";
-        // The API refuses a body without a final newline.
-        let body = if config.ends_with('\n') { config.to_owned() } else { format!("{config}\n") };
+        // The API refuses a body without any newline (its guard against a flattened file); a
+        // final newline is not needed: it stores its own layout of the file either way.
+        let body = if config.contains('\n') { config.to_owned() } else { format!("{config}\n") };
         let mut request = self
             .request(Method::POST, path)
             .query(&query)
@@ -312,14 +310,19 @@ impl DataplaneClient {
         let response = self.execute(request, Method::POST, path).await?;
         let status = response.status();
         let reload_id = response.headers().get("Reload-ID").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header = response.headers().get("Configuration-Version").and_then(|v| v.to_str().ok()).map(str::to_owned);
         let text = response.text().await.unwrap_or_default();
+        // A write answers with the file as now stored (see `PostRawConfigurationHandlerImpl`).
+        let stored = |text: String| {
+            StoredConfig::from_text(text, header.as_deref()).map_err(|detail| self.unreadable(path, detail))
+        };
         match (status, mode) {
             (StatusCode::ACCEPTED, PushMode::ValidateOnly) => Ok(PushOutcome::Valid),
             (StatusCode::ACCEPTED, _) => match reload_id {
-                Some(id) => Ok(PushOutcome::ReloadQueued(ReloadId(id))),
-                None => Ok(PushOutcome::Applied),
+                Some(id) => Ok(PushOutcome::ReloadQueued(ReloadId(id), stored(text)?)),
+                None => Ok(PushOutcome::Applied(stored(text)?)),
             },
-            (StatusCode::CREATED | StatusCode::OK, _) => Ok(PushOutcome::Applied),
+            (StatusCode::CREATED | StatusCode::OK, _) => Ok(PushOutcome::Applied(stored(text)?)),
             (StatusCode::BAD_REQUEST, _) => Err(DataplaneError::InvalidConfiguration {
                 endpoint: self.endpoint.to_string(),
                 message: answers::error_message(&text),

@@ -1,16 +1,18 @@
 //! [`PodActions`] through the HAProxy Dataplane API: the adapter between a pod's state machine
 //! and the pod.
 //!
-//! Verify reads the configuration and every stored map and general file and checksums them
-//! (the `# _version=` line the API maintains is not part of what was pushed). Validate uploads
-//! the auxiliary files that differ, remembering what they replaced, then validates the whole
-//! configuration on the pod. Push writes it as one raw update with the version the pod reports
-//! (re-reading it on a conflict), waits for the reload, then removes files no longer desired.
-//! A rejected configuration's uploads are put back as they were.
+//! The Dataplane API does not store the configuration it is sent: it stores its parser's
+//! layout of it (sections reordered, its own indentation, `# _md5hash=` and `# _version=` lines
+//! on top). So every pushed file carries a marker line naming the checksum of the render it
+//! came from, and the push's answer (the file as stored) gives the checksum of the stored
+//! layout; verification recognises a push by both (see [`recognise`]).
 //!
-//! Note: the Dataplane API cannot be built on this project's machines yet (docs/environment.md);
-//! this adapter follows the API's specification and is exercised for real only in its failure
-//! paths (an unreachable pod) until it can be.
+//! Verify reads the configuration and every stored map and general file and checksums them.
+//! Validate uploads the auxiliary files that differ, remembering what they replaced, then
+//! validates the whole configuration on the pod. Push writes it as one raw update on top of
+//! the configuration version last read (a conflict when the pod moved on), waits for the
+//! reload, then removes files no longer desired. A rejected configuration's uploads, and those
+//! of a configuration whose reload failed, are put back as they were.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,10 +20,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::driver::{Desired, PodActions, PodTarget, Validation};
-use super::machine::FileChecksums;
+use super::driver::{ActionError, Desired, PodActions, PodTarget, Reading, StoredCopy, Validation};
 use crate::dataplane::{
-    Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus, StorageKind,
+    ConfigVersion, Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId,
+    ReloadStatus, StorageKind, StoredConfig,
 };
 use crate::files::Checksum;
 use crate::journal::PodUid;
@@ -29,8 +31,8 @@ use crate::plan::{RuntimeAction, runtime_actions_header};
 
 /// How long a reload may take before the push counts as failed.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// Pushes retried after a version conflict (someone else wrote in between).
-const CONFLICT_RETRIES: usize = 3;
+/// The comment that names, inside a pushed configuration, the render it came from.
+const RENDER_MARKER: &str = "# haptic-render: ";
 
 /// One auxiliary file replaced during validation, and what was there before.
 #[derive(Clone, Debug)]
@@ -67,13 +69,13 @@ impl DataplaneActions {
         }
     }
 
-    fn client(&self, pod: &PodTarget) -> Result<DataplaneClient, String> {
-        let mut clients = self.clients.lock().map_err(|_| "client cache poisoned".to_owned())?;
+    fn client(&self, pod: &PodTarget) -> Result<DataplaneClient, ActionError> {
+        let mut clients = self.clients.lock().map_err(|_| failed("client cache poisoned"))?;
         if let Some(client) = clients.get(&pod.endpoint) {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::parse(&pod.endpoint).map_err(|e| e.to_string())?;
-        let credentials = self.credentials.lock().map_err(|_| "credentials poisoned".to_owned())?.clone();
+        let endpoint = Endpoint::parse(&pod.endpoint).map_err(failed)?;
+        let credentials = self.credentials.lock().map_err(|_| failed("credentials poisoned"))?.clone();
         let client = DataplaneClient::new(endpoint, credentials);
         clients.insert(pod.endpoint.clone(), client.clone());
         Ok(client)
@@ -90,9 +92,44 @@ impl DataplaneActions {
     }
 }
 
-/// The configuration as it was pushed: without the `# _version=` line the API adds.
-pub fn without_version_line(raw: &str) -> String {
-    raw.lines().filter(|line| !line.starts_with("# _version=")).map(|line| format!("{line}\n")).collect()
+fn failed(error: impl ToString) -> ActionError {
+    ActionError::Failed(error.to_string())
+}
+
+/// The configuration as pushed: the render, with the marker naming it as its last line (last,
+/// so that HAProxy's messages name the render's own line numbers).
+pub fn with_render_marker(config: &str, render: &Checksum) -> String {
+    let separator = if config.is_empty() || config.ends_with('\n') { "" } else { "\n" };
+    format!("{config}{separator}{RENDER_MARKER}{render}\n")
+}
+
+/// The render a stored configuration claims to come from (its marker line), if any.
+fn claimed_render(stored: &StoredConfig) -> Option<Checksum> {
+    stored.text.lines().find_map(|line| line.strip_prefix(RENDER_MARKER)).and_then(|hex| Checksum::from_hex(hex.trim()))
+}
+
+/// The checksum of a stored configuration's layout, without the lines the API rewrites on
+/// every write.
+pub fn stored_checksum(stored: &StoredConfig) -> Checksum {
+    let mut content = String::with_capacity(stored.text.len());
+    for line in stored.content() {
+        content.push_str(line);
+        content.push('\n');
+    }
+    Checksum::of(content.as_bytes())
+}
+
+/// What a stored configuration is, as the machine compares it: the render its marker names,
+/// unless haptic knows that push stored differently (the file was changed since, keeping the
+/// marker); otherwise the checksum of the text itself, which no render has.
+pub fn recognise(stored: &StoredConfig, known: Option<&StoredCopy>) -> (Checksum, Option<StoredCopy>) {
+    let layout = stored_checksum(stored);
+    match claimed_render(stored) {
+        Some(render) if known.is_none_or(|known| known.render != render || known.stored == layout) => {
+            (render, Some(StoredCopy { render, stored: layout, version: stored.version }))
+        }
+        _ => (Checksum::of(stored.text.as_bytes()), None),
+    }
 }
 
 fn desired_storage(desired: &Desired) -> Vec<(StorageKind, &str, &str)> {
@@ -110,21 +147,35 @@ fn prefix(kind: StorageKind) -> &'static str {
     }
 }
 
-async fn wait_for_reload(client: &DataplaneClient, id: &ReloadId) -> Result<(), String> {
+fn render_checksum(desired: &Desired) -> Checksum {
+    desired.files.haproxy_cfg.checksum
+}
+
+/// Waits for a queued reload. v3.2.7 answers a reload still waiting for its turn without an
+/// id, and forgets reloads older than its last success (answering "succeeded" for them).
+async fn wait_for_reload(client: &DataplaneClient, id: &ReloadId) -> Result<(), ActionError> {
     let deadline = Instant::now() + RELOAD_TIMEOUT;
     loop {
-        let reload = client.reload(id).await.map_err(|e| e.to_string())?;
+        let reload = client.reload(id).await.map_err(failed)?;
         match reload.status {
             ReloadStatus::Succeeded => return Ok(()),
             ReloadStatus::Failed => {
-                return Err(format!("reload {id} failed: {}", reload.response.unwrap_or_default()));
+                let output = reload.response.unwrap_or_default();
+                return Err(ActionError::ReloadFailed(format!("reload {id} failed: {}", haproxy_alerts(&output))));
             }
             ReloadStatus::InProgress if Instant::now() > deadline => {
-                return Err(format!("reload {id} still in progress after {}s", RELOAD_TIMEOUT.as_secs()));
+                return Err(failed(format!("reload {id} still in progress after {}s", RELOAD_TIMEOUT.as_secs())));
             }
-            ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(250)).await,
+            ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// HAProxy's ALERT lines from a reload's output (its NOTICE lines name paths and pids), or
+/// the whole output when it has none.
+fn haproxy_alerts(output: &str) -> String {
+    let alerts: Vec<&str> = output.lines().filter(|line| line.contains("[ALERT]")).map(str::trim).collect();
+    if alerts.is_empty() { output.trim().to_owned() } else { alerts.join("; ") }
 }
 
 /// Whether the running HAProxy shows what `action` set (weights are not read back: the
@@ -143,86 +194,94 @@ async fn runtime_state_matches(client: &DataplaneClient, action: &RuntimeAction)
     })
 }
 
+fn write_error(error: DataplaneError) -> ActionError {
+    match error {
+        DataplaneError::VersionConflict { .. } => ActionError::VersionConflict(error.to_string()),
+        // The pod's HAProxy refused the file at the write (the validation ran elsewhere, or
+        // the pod changed since): nothing was written; the same files are not tried again.
+        DataplaneError::InvalidConfiguration { .. } => ActionError::ReloadFailed(error.to_string()),
+        other => failed(other),
+    }
+}
+
 impl PodActions for DataplaneActions {
-    async fn verify(&self, pod: &PodTarget) -> Result<Option<FileChecksums>, String> {
+    async fn verify(&self, pod: &PodTarget, known: Option<&StoredCopy>) -> Result<Reading, ActionError> {
         let client = self.client(pod)?;
-        let (_, raw) = client.raw_configuration().await.map_err(|e| e.to_string())?;
-        let mut checksums = vec![("haproxy.cfg".to_owned(), Checksum::of(without_version_line(&raw).as_bytes()))];
+        let stored = client.raw_configuration().await.map_err(failed)?;
+        let (config, copy) = recognise(&stored, known);
+        let mut observed = vec![("haproxy.cfg".to_owned(), config)];
         for kind in [StorageKind::Maps, StorageKind::General] {
-            let mut names = client.list_storage(kind).await.map_err(|e| e.to_string())?;
+            let mut names = client.list_storage(kind).await.map_err(failed)?;
             names.sort();
             for name in names {
-                if let Some(content) = client.get_storage(kind, &name).await.map_err(|e| e.to_string())? {
-                    checksums.push((format!("{}/{name}", prefix(kind)), Checksum::of(content.as_bytes())));
+                if let Some(content) = client.get_storage(kind, &name).await.map_err(failed)? {
+                    observed.push((format!("{}/{name}", prefix(kind)), Checksum::of(content.as_bytes())));
                 }
             }
         }
         // Certificates are never given back; their names carry their content's hash, and a
         // certificate is known by its name (see Desired::new).
-        let mut certificates = client.list_storage(StorageKind::Certificates).await.map_err(|e| e.to_string())?;
+        let mut certificates = client.list_storage(StorageKind::Certificates).await.map_err(failed)?;
         certificates.sort();
         for name in certificates {
             let path = format!("certs/{name}");
-            checksums.push((path.clone(), Checksum::of(path.as_bytes())));
+            observed.push((path.clone(), Checksum::of(path.as_bytes())));
         }
-        Ok(Some(checksums))
+        Ok(Reading { observed, version: stored.version, copy })
     }
 
-    async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, String> {
+    async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, ActionError> {
         let client = self.client(pod)?;
         // New certificates go up beside the old ones (a changed one has a new name).
-        let present = client.list_storage(StorageKind::Certificates).await.map_err(|e| e.to_string())?;
+        let present = client.list_storage(StorageKind::Certificates).await.map_err(failed)?;
         for (name, file) in &desired.files.certs {
             if !present.contains(name) {
                 let kind = StorageKind::Certificates;
                 self.record_upload(&pod.uid, Upload { kind, name: name.clone(), original: None });
-                client.put_storage(kind, name, &file.content, false).await.map_err(|e| e.to_string())?;
+                client.put_storage(kind, name, &file.content, false).await.map_err(failed)?;
             }
         }
         for (kind, name, content) in desired_storage(desired) {
-            let current = client.get_storage(kind, name).await.map_err(|e| e.to_string())?;
+            let current = client.get_storage(kind, name).await.map_err(failed)?;
             if current.as_deref() != Some(content) {
                 let exists = current.is_some();
                 self.record_upload(&pod.uid, Upload { kind, name: name.to_owned(), original: current });
-                client.put_storage(kind, name, content, exists).await.map_err(|e| e.to_string())?;
+                client.put_storage(kind, name, content, exists).await.map_err(failed)?;
             }
         }
-        let version = client.configuration_version().await.map_err(|e| e.to_string())?;
-        match client.push_raw(&desired.files.haproxy_cfg.content, version, PushMode::ValidateOnly).await {
+        // `only_validate` checks no version and writes nothing.
+        let config = with_render_marker(&desired.files.haproxy_cfg.content, &render_checksum(desired));
+        match client.push_raw(&config, ConfigVersion(0), PushMode::ValidateOnly).await {
             Ok(_) => Ok(Validation::Passed),
             Err(DataplaneError::InvalidConfiguration { message, .. }) => Ok(Validation::Rejected(message)),
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(failed(error)),
         }
     }
 
-    async fn push(&self, pod: &PodTarget, desired: &Desired) -> Result<FileChecksums, String> {
+    async fn push(&self, pod: &PodTarget, desired: &Desired, base: ConfigVersion) -> Result<StoredCopy, ActionError> {
         let client = self.client(pod)?;
-        let config = &desired.files.haproxy_cfg.content;
-        let mut attempt = 0;
-        loop {
-            let version = client.configuration_version().await.map_err(|e| e.to_string())?;
-            match client.push_raw(config, version, PushMode::Reload).await {
-                Ok(PushOutcome::ReloadQueued(id)) => {
-                    wait_for_reload(&client, &id).await?;
-                    break;
-                }
-                Ok(PushOutcome::Applied | PushOutcome::Valid) => break,
-                Err(DataplaneError::VersionConflict { .. }) if attempt < CONFLICT_RETRIES => attempt += 1,
-                Err(error) => return Err(error.to_string()),
+        let render = render_checksum(desired);
+        let config = with_render_marker(&desired.files.haproxy_cfg.content, &render);
+        let stored = match client.push_raw(&config, base, PushMode::Reload).await.map_err(write_error)? {
+            PushOutcome::ReloadQueued(id, stored) => {
+                wait_for_reload(&client, &id).await?;
+                stored
             }
-        }
+            PushOutcome::Applied(stored) => stored,
+            PushOutcome::Valid => return Err(failed("a push was answered as a validation")),
+        };
         // The configuration that referred to them is gone: remove files no longer desired.
         let wanted: Vec<(StorageKind, &str)> = desired_storage(desired).into_iter().map(|(k, n, _)| (k, n)).collect();
         for kind in [StorageKind::Maps, StorageKind::General, StorageKind::Certificates] {
-            for name in client.list_storage(kind).await.map_err(|e| e.to_string())? {
+            for name in client.list_storage(kind).await.map_err(failed)? {
                 let certificate_wanted = kind == StorageKind::Certificates && desired.files.certs.contains_key(&name);
                 if !certificate_wanted && !wanted.contains(&(kind, name.as_str())) {
-                    client.delete_storage(kind, &name).await.map_err(|e| e.to_string())?;
+                    client.delete_storage(kind, &name).await.map_err(failed)?;
                 }
             }
         }
         self.take_uploads(&pod.uid);
-        Ok(desired.checksums.clone())
+        Ok(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version })
     }
 
     async fn runtime_patch(
@@ -230,48 +289,51 @@ impl PodActions for DataplaneActions {
         pod: &PodTarget,
         desired: &Desired,
         actions: &[RuntimeAction],
-    ) -> Result<Option<FileChecksums>, String> {
+        base: ConfigVersion,
+    ) -> Result<Option<StoredCopy>, ActionError> {
         let client = self.client(pod)?;
         let header = runtime_actions_header(actions);
-        let mut attempt = 0;
-        loop {
-            let version = client.configuration_version().await.map_err(|e| e.to_string())?;
-            match client.push_raw_runtime(&desired.files.haproxy_cfg.content, version, &header).await {
-                Ok(_) => break,
-                Err(DataplaneError::VersionConflict { .. }) if attempt < CONFLICT_RETRIES => attempt += 1,
-                // Refused (a 4xx answer, an action the API does not take): a full sync follows,
-                // rather than retrying something that cannot work.
-                Err(error @ DataplaneError::InvalidConfiguration { .. }) => {
-                    tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
-                    return Ok(None);
-                }
-                Err(error @ DataplaneError::UnexpectedStatus { status, .. }) if status.is_client_error() => {
-                    tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
-                    return Ok(None);
-                }
-                Err(error) => return Err(error.to_string()),
+        let render = render_checksum(desired);
+        let config = with_render_marker(&desired.files.haproxy_cfg.content, &render);
+        let stored = match client.push_raw_runtime(&config, base, &header).await {
+            Ok(PushOutcome::Applied(stored) | PushOutcome::ReloadQueued(_, stored)) => stored,
+            Ok(PushOutcome::Valid) => return Err(failed("a runtime patch was answered as a validation")),
+            Err(error @ DataplaneError::VersionConflict { .. }) => {
+                return Err(ActionError::VersionConflict(error.to_string()));
             }
-        }
+            // Refused, or an action the runtime did not take (the API writes the file before it
+            // runs the actions, and answers 500 when one fails): a full sync follows, rather
+            // than retrying something that cannot work.
+            Err(error @ (DataplaneError::InvalidConfiguration { .. } | DataplaneError::UnexpectedStatus { .. })) => {
+                tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
+                return Ok(None);
+            }
+            Err(error) => return Err(failed(error)),
+        };
         // Read the running HAProxy back: a patch that did not take is a full sync.
         for action in actions {
-            if !runtime_state_matches(&client, action).await.map_err(|e| e.to_string())? {
+            if !runtime_state_matches(&client, action).await.map_err(failed)? {
                 tracing::warn!(pod = %pod.name, %action, "the runtime does not show a patched value; full sync");
                 return Ok(None);
             }
         }
-        Ok(Some(desired.checksums.clone()))
+        Ok(Some(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version }))
     }
 
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
-        let client = self.client(pod)?;
+        let client = self.client(pod).map_err(|e| e.to_string())?;
+        // Every file is put back that can be; one that cannot does not stop the others.
+        let mut errors = Vec::new();
         for upload in self.take_uploads(&pod.uid).into_iter().rev() {
-            match &upload.original {
+            let restored = match &upload.original {
                 Some(content) => client.put_storage(upload.kind, &upload.name, content, true).await,
                 None => client.delete_storage(upload.kind, &upload.name).await,
+            };
+            if let Err(error) = restored {
+                errors.push(error.to_string());
             }
-            .map_err(|e| e.to_string())?;
         }
-        Ok(())
+        if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
     }
 }
 
@@ -279,16 +341,60 @@ impl PodActions for DataplaneActions {
 mod tests {
     use super::*;
 
+    fn stored(version: u64, body: &str) -> StoredConfig {
+        StoredConfig::from_text(format!("# _md5hash=00ff\n# _version={version}\n{body}"), None).unwrap()
+    }
+
     #[test]
-    fn the_version_line_is_not_part_of_what_was_pushed() {
-        assert_eq!(without_version_line("# _version=7\nglobal\n    maxconn 10\n"), "global\n    maxconn 10\n");
-        assert_eq!(without_version_line("global\n"), "global\n");
+    fn a_stored_push_is_recognised_by_its_marker_whatever_layout_the_api_gave_it() {
+        let render = Checksum::of(b"global\n    maxconn 10");
+        let pushed = with_render_marker("global\n    maxconn 10", &render);
+        assert_eq!(
+            pushed,
+            format!("global\n    maxconn 10\n{RENDER_MARKER}{render}\n"),
+            "the render's lines as they are"
+        );
+        // The API's layout: its own indentation and header lines.
+        let on_pod = stored(4, &format!("{RENDER_MARKER}{render}\n\nglobal\n  maxconn 10\n"));
+        let (observed, copy) = recognise(&on_pod, None);
+        assert_eq!(observed, render);
+        let copy = copy.unwrap();
+        assert_eq!((copy.render, copy.version), (render, ConfigVersion(4)));
+        // The same file at another version (a later write of the same text) is the same push.
+        assert_eq!(
+            recognise(&stored(9, &format!("{RENDER_MARKER}{render}\n\nglobal\n  maxconn 10\n")), Some(&copy)).0,
+            render
+        );
+    }
+
+    #[test]
+    fn a_file_changed_since_its_push_is_not_that_push_even_with_the_marker() {
+        let render = Checksum::of(b"r");
+        let (_, copy) = recognise(&stored(4, &format!("{RENDER_MARKER}{render}\nglobal\n  maxconn 10\n")), None);
+        // Edited through the API's fine-grained endpoints: the marker stays, the file changed.
+        let edited = stored(5, &format!("{RENDER_MARKER}{render}\nglobal\n  maxconn 99\n"));
+        let (observed, recognised) = recognise(&edited, copy.as_ref());
+        assert_ne!(observed, render);
+        assert_eq!(recognised, None);
+        // Without the marker (a file pushed by hand, the bootstrap file) it is nobody's push.
+        let (observed, recognised) = recognise(&stored(2, "global\n"), copy.as_ref());
+        assert!(observed != render && recognised.is_none());
+    }
+
+    #[test]
+    fn a_failed_reload_names_haprox_alerts_not_its_notices() {
+        let output = "[NOTICE]   (1) : haproxy version is 2.8.25\n[ALERT]    (1) : Binding [/p/haproxy.cfg:15] for frontend http: cannot bind socket\n[WARNING]  (1) : Loading failure!";
+        assert_eq!(
+            haproxy_alerts(output),
+            "[ALERT]    (1) : Binding [/p/haproxy.cfg:15] for frontend http: cannot bind socket"
+        );
+        assert_eq!(haproxy_alerts("plain"), "plain");
     }
 }
 
 /// Request shapes only: what the adapter sends for a validate-then-push of a configuration
-/// with one new map and one new certificate, against a scripted server. The real API is exercised by the
-/// integration tests once it can be built here.
+/// with one new map and one new certificate, against a scripted server answering as v3.2.7
+/// does. The real API is exercised by the integration tests (tests/dataplane.rs, tests/deploy.rs).
 #[cfg(test)]
 mod request_shapes {
     use std::collections::BTreeMap;
@@ -315,11 +421,6 @@ mod request_shapes {
             .respond_with(ResponseTemplate::new(201))
             .mount(&server)
             .await;
-        Mock::given(method("GET"))
-            .and(path(format!("{base}/configuration/version")))
-            .respond_with(json("4"))
-            .mount(&server)
-            .await;
         Mock::given(method("POST"))
             .and(path(format!("{base}/configuration/raw")))
             .and(query_param("only_validate", "true"))
@@ -329,7 +430,19 @@ mod request_shapes {
         Mock::given(method("POST"))
             .and(path(format!("{base}/configuration/raw")))
             .and(query_param("version", "4"))
-            .respond_with(ResponseTemplate::new(202).insert_header("Reload-ID", "2026-12-02-1"))
+            // As v3.2.7 answers: the file as it now stores it, and the queued reload.
+            .respond_with(
+                ResponseTemplate::new(202)
+                    .insert_header("Reload-ID", "2026-12-02-1")
+                    .set_body_raw("# _md5hash=aa\n# _version=5\nglobal\n", "text/plain"),
+            )
+            .mount(&server)
+            .await;
+        // Waiting its turn, v3.2.7 names no id; then it succeeds.
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/reloads/2026-12-02-1")))
+            .respond_with(json(r#"{"status":"in_progress"}"#))
+            .up_to_n_times(1)
             .mount(&server)
             .await;
         Mock::given(method("GET"))
@@ -388,7 +501,8 @@ mod request_shapes {
             )]),
         });
         assert_eq!(actions.validate(&pod, &desired).await.unwrap(), Validation::Passed);
-        assert_eq!(actions.push(&pod, &desired).await.unwrap(), desired.checksums);
+        let copy = actions.push(&pod, &desired, ConfigVersion(4)).await.unwrap();
+        assert_eq!((copy.render, copy.version), (desired.files.haproxy_cfg.checksum, ConfigVersion(5)));
 
         let requests = server.received_requests().await.unwrap();
         let seen: Vec<String> =
@@ -400,10 +514,9 @@ mod request_shapes {
                 "POST /storage/ssl_certificates",
                 "GET /storage/maps/host.map",
                 "POST /storage/maps",
-                "GET /configuration/version",
                 "POST /configuration/raw",
-                "GET /configuration/version",
                 "POST /configuration/raw",
+                "GET /reloads/2026-12-02-1",
                 "GET /reloads/2026-12-02-1",
                 "GET /storage/maps",
                 "DELETE /storage/maps/old.map",
@@ -428,11 +541,7 @@ mod request_shapes {
         let server = MockServer::start().await;
         let base = "/v3/services/haproxy";
         let json = |body: &str| ResponseTemplate::new(200).set_body_raw(body.to_owned(), "application/json");
-        Mock::given(method("GET"))
-            .and(path(format!("{base}/configuration/version")))
-            .respond_with(json("9"))
-            .mount(&server)
-            .await;
+        let stored = || ResponseTemplate::new(201).set_body_raw("# _version=10\nbackend be_web\n", "text/plain");
         Mock::given(method("POST"))
             .and(path(format!("{base}/configuration/raw")))
             .and(query_param("version", "9"))
@@ -441,7 +550,7 @@ mod request_shapes {
                 "X-Runtime-Actions",
                 "SetServerAddr be_web srv1 10.0.0.2 8080;SetServerState be_web srv2 maint",
             ))
-            .respond_with(ResponseTemplate::new(201))
+            .respond_with(stored())
             .mount(&server)
             .await;
         Mock::given(method("GET"))
@@ -476,7 +585,8 @@ mod request_shapes {
             },
             RuntimeAction::SetState { backend: "be_web".into(), server: "srv2".into(), ready: false },
         ];
-        assert_eq!(actions.runtime_patch(&pod, &desired, &patch).await.unwrap(), Some(desired.checksums.clone()));
+        let copy = actions.runtime_patch(&pod, &desired, &patch, ConfigVersion(9)).await.unwrap().unwrap();
+        assert_eq!(copy.version, ConfigVersion(10));
 
         // A value the runtime does not show is no patch: the machine falls back to a full sync.
         let not_taken = [RuntimeAction::SetAddress {
@@ -488,10 +598,10 @@ mod request_shapes {
         Mock::given(method("POST"))
             .and(path(format!("{base}/configuration/raw")))
             .and(header("X-Runtime-Actions", "SetServerAddr be_web srv1 10.0.0.9 8080"))
-            .respond_with(ResponseTemplate::new(201))
+            .respond_with(stored())
             .mount(&server)
             .await;
-        assert_eq!(actions.runtime_patch(&pod, &desired, &not_taken).await.unwrap(), None);
+        assert_eq!(actions.runtime_patch(&pod, &desired, &not_taken, ConfigVersion(9)).await.unwrap(), None);
 
         // A refused patch is no patch either, not an endless retry.
         let refused =
@@ -502,6 +612,6 @@ mod request_shapes {
             .respond_with(ResponseTemplate::new(422).set_body_raw(r#"{"message":"no"}"#, "application/json"))
             .mount(&server)
             .await;
-        assert_eq!(actions.runtime_patch(&pod, &desired, &refused).await.unwrap(), None);
+        assert_eq!(actions.runtime_patch(&pod, &desired, &refused, ConfigVersion(9)).await.unwrap(), None);
     }
 }

@@ -8,6 +8,7 @@
 //! production, scripted fakes in these tests).
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -18,7 +19,8 @@ use tracing::field::Empty;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::machine::{Action, Event, FileChecksums, PodMachine, State};
-use crate::files::FileSet;
+use crate::dataplane::ConfigVersion;
+use crate::files::{Checksum, FileSet};
 use crate::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
 use crate::plan::{Plan, RuntimeAction};
 use crate::telemetry::traces::{TraceParent, trace_id_of};
@@ -86,23 +88,83 @@ pub enum Validation {
     Rejected(String),
 }
 
-/// What actions do to a pod. Errors are transport-level failures (retried with backoff).
+/// A configuration haptic pushed, as the pod stores it. The Dataplane API does not keep the
+/// text it is sent but its own parser's layout of it, so a push is recognised on the pod by
+/// the checksum of that layout, learnt from the push's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredCopy {
+    /// The checksum of the rendered `haproxy.cfg` that was pushed.
+    pub render: Checksum,
+    /// The checksum of the file as the pod stores it, without its version lines.
+    pub stored: Checksum,
+    /// The configuration version the push left: the base of the next write.
+    pub version: ConfigVersion,
+}
+
+/// What a verification read on a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// The pod's files as the machine compares them (`haproxy.cfg` as the render it is a
+    /// copy of, when it is recognised as one).
+    pub observed: FileChecksums,
+    /// The pod's configuration version: the base of the next write.
+    pub version: ConfigVersion,
+    /// The push the pod's configuration file is a copy of, when it is recognised as one.
+    pub copy: Option<StoredCopy>,
+}
+
+/// Why an action did not complete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionError {
+    /// Unreachable, timed out, an unexpected answer: retried with backoff.
+    Failed(String),
+    /// The pod's configuration version moved since it was read: someone else wrote.
+    VersionConflict(String),
+    /// HAProxy refused to reload with the pushed file; the Dataplane API put the last good one back.
+    ReloadFailed(String),
+}
+
+impl fmt::Display for ActionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed(error) | Self::VersionConflict(error) | Self::ReloadFailed(error) => f.write_str(error),
+        }
+    }
+}
+
+/// What actions do to a pod.
 pub trait PodActions: Send + Sync + 'static {
-    /// Reads what the pod runs: the checksums of its files, or `None` when they cannot be
-    /// matched to a known push.
-    fn verify(&self, pod: &PodTarget) -> impl Future<Output = Result<Option<FileChecksums>, String>> + Send;
+    /// Reads what the pod runs. `known` is the last push to this pod haptic knows of, so that a
+    /// file changed since (whatever still claims to be that push) is not taken for it.
+    fn verify(
+        &self,
+        pod: &PodTarget,
+        known: Option<&StoredCopy>,
+    ) -> impl Future<Output = Result<Reading, ActionError>> + Send;
     /// Uploads changed auxiliary files and validates the configuration on the pod.
-    fn validate(&self, pod: &PodTarget, desired: &Desired) -> impl Future<Output = Result<Validation, String>> + Send;
-    /// Pushes the configuration and confirms the reload; returns what the pod now runs.
-    fn push(&self, pod: &PodTarget, desired: &Desired) -> impl Future<Output = Result<FileChecksums, String>> + Send;
-    /// Applies a runtime-only change (the new files written without a reload, `actions` through
-    /// the Runtime API) and reads it back: `Ok(None)` when it did not take, so a full sync follows.
+    fn validate(
+        &self,
+        pod: &PodTarget,
+        desired: &Desired,
+    ) -> impl Future<Output = Result<Validation, ActionError>> + Send;
+    /// Pushes the configuration on top of configuration version `base` (a conflict when the
+    /// pod has moved on) and confirms the reload.
+    fn push(
+        &self,
+        pod: &PodTarget,
+        desired: &Desired,
+        base: ConfigVersion,
+    ) -> impl Future<Output = Result<StoredCopy, ActionError>> + Send;
+    /// Applies a runtime-only change (the new files written without a reload on top of `base`,
+    /// `actions` through the Runtime API) and reads it back: `Ok(None)` when it did not take,
+    /// so a full sync follows.
     fn runtime_patch(
         &self,
         pod: &PodTarget,
         desired: &Desired,
         actions: &[RuntimeAction],
-    ) -> impl Future<Output = Result<Option<FileChecksums>, String>> + Send;
+        base: ConfigVersion,
+    ) -> impl Future<Output = Result<Option<StoredCopy>, ActionError>> + Send;
     /// Puts back the auxiliary files uploaded for a rejected configuration.
     fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
 }
@@ -135,6 +197,11 @@ pub struct PodDriver<A: PodActions> {
     pushed_files: Option<Arc<FileSet>>,
     /// The runtime changes planned for the current desired files.
     runtime_actions: Vec<RuntimeAction>,
+    /// The last push to this pod haptic knows of, as the pod stores it (journaled).
+    copy: Option<StoredCopy>,
+    /// The configuration version last read from the pod or left by a push: the base of the
+    /// next write, so that a write by anyone else in between is a conflict, not overwritten.
+    base_version: Option<ConfigVersion>,
 }
 
 /// What started a burst of work on a pod, as traces name it.
@@ -164,6 +231,9 @@ impl<A: PodActions> PodDriver<A> {
             warn!(pod = %target.name, uid = %target.uid, %error, "journal record unreadable; verifying from scratch");
             None
         });
+        // What a push left on the pod stays evidence whoever made it: a file still stored
+        // exactly as that push left it runs that push.
+        let copy = record.as_ref().and_then(|record| record.copy);
         let (pushed, seq) = match record {
             Some(record) if record.last_transition.term == settings.term => (record.pushed, record.last_transition.seq),
             Some(record) => {
@@ -186,6 +256,8 @@ impl<A: PodActions> PodDriver<A> {
             span: tracing::Span::none(),
             pushed_files: None,
             runtime_actions: Vec::new(),
+            copy,
+            base_version: None,
         }
     }
 
@@ -263,30 +335,47 @@ impl<A: PodActions> PodDriver<A> {
         }
     }
 
-    async fn perform(&self, action: Action) -> Option<Event> {
+    async fn perform(&mut self, action: Action) -> Option<Event> {
         // Deployments of different pods run in parallel up to maxParallel; a verification is cheap.
+        let slots = self.deploy_slots.clone();
         let _slot = match action {
-            Action::Validate | Action::Push | Action::RuntimePatch => self.deploy_slots.acquire().await.ok(),
+            Action::Validate | Action::Push | Action::RuntimePatch => slots.acquire().await.ok(),
             _ => None,
         };
         let timer = ActionTimer::start(action);
         let span =
             info_span!("action", otel.name = timer.action, otel.status_code = Empty, otel.status_message = Empty);
         let event = self.act(action).instrument(span.clone()).await;
-        if let Some(Event::ActionFailed { error } | Event::ValidationRejected { error }) = &event {
+        if let Some(
+            Event::ActionFailed { error } | Event::ValidationRejected { error } | Event::ReloadFailed { error },
+        ) = &event
+        {
             span.record("otel.status_code", "ERROR");
             span.record("otel.status_message", error.as_str());
         }
         event
     }
 
-    async fn act(&self, action: Action) -> Option<Event> {
+    async fn act(&mut self, action: Action) -> Option<Event> {
         let pod = &self.target;
         let desired = &self.desired;
-        let failed = |error: String| Event::ActionFailed { error };
+        let failed = |error: ActionError| match error {
+            ActionError::Failed(error) => Event::ActionFailed { error },
+            ActionError::VersionConflict(_) => Event::VersionConflict,
+            ActionError::ReloadFailed(error) => Event::ReloadFailed { error },
+        };
+        // A write goes on top of the version last seen; never seen (a retry after a failed
+        // read, say) means read it first.
+        let base = self.base_version.ok_or_else(|| ActionError::VersionConflict("no version read yet".into()));
         Some(match action {
-            Action::Verify => match self.actions.verify(pod).await {
-                Ok(observed) => Event::Verified { observed },
+            Action::Verify => match self.actions.verify(pod, self.copy.as_ref()).await {
+                Ok(reading) => {
+                    self.base_version = Some(reading.version);
+                    if reading.copy.is_some() {
+                        self.copy = reading.copy;
+                    }
+                    Event::Verified { observed: Some(reading.observed) }
+                }
                 Err(error) => failed(error),
             },
             Action::Validate => match self.actions.validate(pod, desired).await {
@@ -294,15 +383,41 @@ impl<A: PodActions> PodDriver<A> {
                 Ok(Validation::Rejected(error)) => Event::ValidationRejected { error },
                 Err(error) => failed(error),
             },
-            Action::Push => match self.actions.push(pod, desired).await {
-                Ok(pushed) => Event::Pushed { pushed },
-                Err(error) => failed(error),
+            Action::Push => match async { self.actions.push(pod, desired, base?).await }.await {
+                Ok(copy) => {
+                    self.base_version = Some(copy.version);
+                    self.copy = Some(copy);
+                    Event::Pushed { pushed: desired.checksums.clone() }
+                }
+                Err(error) => {
+                    // A push that may have landed keeps its base: retried, it meets a conflict
+                    // and the pod is read again. A failed reload put an older file back.
+                    if !matches!(error, ActionError::Failed(_)) {
+                        self.base_version = None;
+                    }
+                    failed(error)
+                }
             },
-            Action::RuntimePatch => match self.actions.runtime_patch(pod, desired, &self.runtime_actions).await {
-                Ok(Some(pushed)) => Event::RuntimePatched { pushed },
-                Ok(None) => Event::RuntimePatchMismatch,
-                Err(error) => failed(error),
-            },
+            Action::RuntimePatch => {
+                match async { self.actions.runtime_patch(pod, desired, &self.runtime_actions, base?).await }.await {
+                    Ok(Some(copy)) => {
+                        self.base_version = Some(copy.version);
+                        self.copy = Some(copy);
+                        Event::RuntimePatched { pushed: desired.checksums.clone() }
+                    }
+                    Ok(None) => {
+                        // The file may have been written: read the version again before a push.
+                        self.base_version = None;
+                        Event::RuntimePatchMismatch
+                    }
+                    Err(error) => {
+                        if !matches!(error, ActionError::Failed(_)) {
+                            self.base_version = None;
+                        }
+                        failed(error)
+                    }
+                }
+            }
             Action::RestoreFiles => {
                 if let Err(error) = self.actions.restore_files(pod).await {
                     warn!(pod = %pod.name, %error, "could not put back the files of a rejected configuration");
@@ -328,7 +443,7 @@ impl<A: PodActions> PodDriver<A> {
             name: self.target.name.clone(),
             state: step.to,
             pushed: self.machine.pushed.clone(),
-            config_version: None,
+            copy: self.copy,
             last_transition: TransitionEntry {
                 seq: self.seq,
                 at: SystemTime::now(),
@@ -407,7 +522,7 @@ impl<A: PodActions> PodDriver<A> {
         }
         span.record("haptic.state", tracing::field::display(step.to));
         match event {
-            Event::ActionFailed { error } | Event::ValidationRejected { error } => {
+            Event::ActionFailed { error } | Event::ValidationRejected { error } | Event::ReloadFailed { error } => {
                 span.record("otel.status_code", "ERROR");
                 span.record("otel.status_message", error.as_str());
             }
@@ -502,6 +617,7 @@ mod tests {
         runs: Mutex<Option<FileChecksums>>,
         calls: Mutex<Vec<String>>,
         failing_pushes: AtomicU32,
+        failing_reloads: AtomicBool,
         reject: AtomicBool,
         state_at_push: Mutex<Vec<State>>,
     }
@@ -513,6 +629,7 @@ mod tests {
                 runs: Mutex::new(runs),
                 calls: Mutex::new(Vec::new()),
                 failing_pushes: AtomicU32::new(0),
+                failing_reloads: AtomicBool::new(false),
                 reject: AtomicBool::new(false),
                 state_at_push: Mutex::new(Vec::new()),
             })
@@ -527,12 +644,21 @@ mod tests {
         }
     }
 
-    impl PodActions for FakePod {
-        async fn verify(&self, _: &PodTarget) -> Result<Option<FileChecksums>, String> {
-            self.call("verify");
-            Ok(self.runs.lock().unwrap().clone())
+    fn copy_of(desired: &Desired) -> StoredCopy {
+        StoredCopy {
+            render: desired.files.haproxy_cfg.checksum,
+            stored: Checksum::of(b"stored"),
+            version: ConfigVersion(1),
         }
-        async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, String> {
+    }
+
+    impl PodActions for FakePod {
+        async fn verify(&self, _: &PodTarget, _: Option<&StoredCopy>) -> Result<Reading, ActionError> {
+            self.call("verify");
+            let observed = self.runs.lock().unwrap().clone().unwrap_or_default();
+            Ok(Reading { observed, version: ConfigVersion(1), copy: None })
+        }
+        async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, ActionError> {
             self.call("validate");
             Ok(if self.reject.load(Ordering::SeqCst) {
                 Validation::Rejected("[ALERT] line 3".into())
@@ -540,26 +666,30 @@ mod tests {
                 Validation::Passed
             })
         }
-        async fn push(&self, pod: &PodTarget, desired: &Desired) -> Result<FileChecksums, String> {
+        async fn push(&self, pod: &PodTarget, desired: &Desired, _: ConfigVersion) -> Result<StoredCopy, ActionError> {
             self.call("push");
             let journaled = self.journal.pod(&pod.uid).unwrap().map(|p| p.state);
             self.state_at_push.lock().unwrap().extend(journaled);
             if self.failing_pushes.load(Ordering::SeqCst) > 0 {
                 self.failing_pushes.fetch_sub(1, Ordering::SeqCst);
-                return Err("connection refused".into());
+                return Err(ActionError::Failed("connection refused".into()));
+            }
+            if self.failing_reloads.load(Ordering::SeqCst) {
+                return Err(ActionError::ReloadFailed("cannot bind socket".into()));
             }
             *self.runs.lock().unwrap() = Some(desired.checksums.clone());
-            Ok(desired.checksums.clone())
+            Ok(copy_of(desired))
         }
         async fn runtime_patch(
             &self,
             _: &PodTarget,
             desired: &Desired,
             actions: &[RuntimeAction],
-        ) -> Result<Option<FileChecksums>, String> {
+            _: ConfigVersion,
+        ) -> Result<Option<StoredCopy>, ActionError> {
             self.call(&format!("runtime_patch {}", crate::plan::runtime_actions_header(actions)));
             *self.runs.lock().unwrap() = Some(desired.checksums.clone());
-            Ok(Some(desired.checksums.clone()))
+            Ok(Some(copy_of(desired)))
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
             self.call("restore");
@@ -662,7 +792,7 @@ mod tests {
                         name: "haproxy-0".into(),
                         state: State::InSync,
                         pushed: Some(seed_pushed.clone()),
-                        config_version: None,
+                        copy: None,
                         last_transition: TransitionEntry {
                             seq: 7,
                             at: SystemTime::now(),
@@ -735,6 +865,26 @@ mod tests {
         h.desired_tx.send(server("10.0.0.3")).unwrap();
         h.until("patched", |p| p.pushed == Some(server("10.0.0.3").checksums.clone())).await;
         assert!(h.fake.calls().iter().any(|c| c.starts_with("runtime_patch")), "{:?}", h.fake.calls());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_reload_is_journaled_with_its_reason_and_not_pushed_again_on_a_timer() {
+        let h = start(|_| {}, None, desired("a"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        h.fake.failing_reloads.store(true, Ordering::SeqCst);
+        h.desired_tx.send(desired("b")).unwrap();
+        h.until("reload failed", |p| p.last_transition.reason == "ReloadFailed").await;
+        let pod = h.journal.pod(&target().uid).unwrap().unwrap();
+        assert_eq!(pod.last_transition.error.as_deref(), Some("cannot bind socket"));
+        assert_eq!(pod.pushed, Some(desired("a").checksums.clone()), "the pod keeps its last good files");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let pushes = h.fake.calls().iter().filter(|c| *c == "push").count();
+        assert_eq!(pushes, 2, "ten drift intervals later, no second try: {:?}", h.fake.calls());
+        h.fake.failing_reloads.store(false, Ordering::SeqCst);
+        h.desired_tx.send(desired("c")).unwrap();
+        h.until("new files deployed", |p| p.state == State::InSync && p.pushed == Some(desired("c").checksums.clone()))
+            .await;
         h.stop().await;
     }
 

@@ -81,6 +81,16 @@ pub enum Event {
     },
     /// The runtime patch did not read back as intended; a full sync follows.
     RuntimePatchMismatch,
+    /// The pod's configuration version was not the one the action was based on: someone
+    /// wrote in between, so what the pod runs must be read again before anything is pushed.
+    VersionConflict,
+    /// HAProxy on the pod refused to reload with the pushed configuration; the Dataplane API
+    /// put the last good file back and HAProxy still runs it. Like a rejected validation, the
+    /// same desired files are not pushed to this pod again.
+    ReloadFailed {
+        /// HAProxy's output.
+        error: String,
+    },
     /// An action could not be completed (unreachable, timeout, 5xx, reload failed).
     ActionFailed {
         /// What went wrong.
@@ -109,6 +119,10 @@ pub enum EventKind {
     RuntimePatched,
     /// See [`Event::RuntimePatchMismatch`].
     RuntimePatchMismatch,
+    /// See [`Event::VersionConflict`].
+    VersionConflict,
+    /// See [`Event::ReloadFailed`].
+    ReloadFailed,
     /// See [`Event::ActionFailed`].
     ActionFailed,
     /// See [`Event::RetryDue`].
@@ -128,6 +142,8 @@ impl Event {
             Self::Pushed { .. } => EventKind::Pushed,
             Self::RuntimePatched { .. } => EventKind::RuntimePatched,
             Self::RuntimePatchMismatch => EventKind::RuntimePatchMismatch,
+            Self::VersionConflict => EventKind::VersionConflict,
+            Self::ReloadFailed { .. } => EventKind::ReloadFailed,
             Self::ActionFailed { .. } => EventKind::ActionFailed,
             Self::RetryDue => EventKind::RetryDue,
             Self::DriftTick => EventKind::DriftTick,
@@ -167,6 +183,8 @@ pub enum Guard {
     ObservedIsNotPushed,
     /// The pod runs what was pushed and the change from it to `desired` is runtime-only.
     RuntimeOnly,
+    /// This pod refused the desired files (validation or reload): wait for others.
+    Refused,
 }
 
 impl fmt::Display for Guard {
@@ -178,6 +196,7 @@ impl fmt::Display for Guard {
             Self::ObservedIsPushedIsDesired => "observed = pushed = desired",
             Self::ObservedIsNotPushed => "observed ≠ pushed",
             Self::RuntimeOnly => "runtime-only",
+            Self::Refused => "desired refused",
         })
     }
 }
@@ -227,10 +246,14 @@ pub const TABLE: &[Transition] = &[
     row(Validating, E::RetryDue, G::Always, Validating, &[Validate]),
     row(Validating, E::DesiredChanged, G::PushedIsDesired, Unknown, &[Verify]),
     row(Validating, E::DesiredChanged, G::Always, Validating, &[Validate]),
+    // Refused files are not tried again on a timer: a reload storm helps no one.
+    row(Validating, E::DriftTick, G::Refused, Validating, &[]),
     row(Validating, E::DriftTick, G::Always, Validating, &[Validate]),
     // Push.
     row(Syncing, E::Pushed, G::PushedIsDesired, InSync, &[]),
     row(Syncing, E::Pushed, G::PushedIsNotDesired, Validating, &[Validate]),
+    row(Syncing, E::ReloadFailed, G::Always, Validating, &[RestoreFiles]),
+    row(Syncing, E::VersionConflict, G::Always, Unknown, &[Verify]),
     row(Syncing, E::ActionFailed, G::Always, Syncing, &[ScheduleRetry]),
     row(Syncing, E::RetryDue, G::Always, Syncing, &[Push]),
     row(Syncing, E::DesiredChanged, G::Always, Validating, &[Validate]),
@@ -239,6 +262,7 @@ pub const TABLE: &[Transition] = &[
     row(RuntimePatching, E::RuntimePatched, G::PushedIsDesired, InSync, &[]),
     row(RuntimePatching, E::RuntimePatched, G::PushedIsNotDesired, Validating, &[Validate]),
     row(RuntimePatching, E::RuntimePatchMismatch, G::Always, Validating, &[Validate]),
+    row(RuntimePatching, E::VersionConflict, G::Always, Unknown, &[Verify]),
     row(RuntimePatching, E::ActionFailed, G::Always, RuntimePatching, &[ScheduleRetry]),
     row(RuntimePatching, E::RetryDue, G::Always, RuntimePatching, &[RuntimePatch]),
     row(RuntimePatching, E::DesiredChanged, G::PushedIsDesired, InSync, &[]),
@@ -280,6 +304,8 @@ pub struct PodMachine {
     pub last_error: Option<String>,
     /// Consecutive failures, for backoff.
     pub attempts: u32,
+    /// Desired files this pod refused (validation or reload), until the desired files change.
+    pub refused: Option<FileChecksums>,
 }
 
 /// The result of one step.
@@ -299,7 +325,16 @@ impl PodMachine {
     /// A pod seen for the first time, or resumed from the journal with what was pushed to it.
     /// It starts Unknown, so its first action is a verification.
     pub fn new(desired: FileChecksums, pushed: Option<FileChecksums>) -> Self {
-        Self { state: Unknown, desired, runtime_only: false, pushed, observed: None, last_error: None, attempts: 0 }
+        Self {
+            state: Unknown,
+            desired,
+            runtime_only: false,
+            pushed,
+            observed: None,
+            last_error: None,
+            attempts: 0,
+            refused: None,
+        }
     }
 
     fn holds(&self, guard: Guard) -> bool {
@@ -313,6 +348,7 @@ impl PodMachine {
             G::ObservedIsNotPushed => !observed_is_pushed,
             // A runtime patch is computed from what was pushed: the pod must run exactly that.
             G::RuntimeOnly => self.runtime_only && observed_is_pushed && !pushed_is_desired,
+            G::Refused => self.refused.as_ref() == Some(&self.desired),
         }
     }
 
@@ -323,6 +359,9 @@ impl PodMachine {
         let before = self.clone();
         match event {
             Event::DesiredChanged { desired, runtime_only } => {
+                if *desired != self.desired {
+                    self.refused = None;
+                }
                 self.desired = desired.clone();
                 self.runtime_only = *runtime_only;
             }
@@ -337,12 +376,22 @@ impl PodMachine {
             Event::Pushed { pushed } | Event::RuntimePatched { pushed } => {
                 self.pushed = Some(pushed.clone());
                 self.observed = Some(pushed.clone());
+                self.refused = None;
             }
-            Event::ValidationRejected { error } | Event::ActionFailed { error } => {
+            Event::ValidationRejected { error } | Event::ReloadFailed { error } => {
+                self.last_error = Some(error.clone());
+                self.attempts = self.attempts.saturating_add(1);
+                self.refused = Some(self.desired.clone());
+            }
+            Event::ActionFailed { error } => {
                 self.last_error = Some(error.clone());
                 self.attempts = self.attempts.saturating_add(1);
             }
-            Event::ValidationPassed | Event::RuntimePatchMismatch | Event::RetryDue | Event::DriftTick => {}
+            Event::ValidationPassed
+            | Event::RuntimePatchMismatch
+            | Event::VersionConflict
+            | Event::RetryDue
+            | Event::DriftTick => {}
         }
         let kind = event.kind();
         let found = TABLE.iter().position(|t| t.from == from && t.on == kind && self.holds(t.guard));
@@ -353,9 +402,13 @@ impl PodMachine {
         let transition = &TABLE[index];
         self.state = transition.to;
         // Success clears the failure; a verification that found the pod as intended does too.
-        if matches!(kind, E::ValidationPassed | E::Pushed | E::RuntimePatched | E::Verified | E::DesiredChanged) {
+        // (A render of files this pod already refused keeps the refusal's error on show.)
+        let success = matches!(kind, E::ValidationPassed | E::Pushed | E::RuntimePatched | E::Verified);
+        if success || (kind == E::DesiredChanged && self.refused.is_none()) {
             self.last_error = None;
             self.attempts = 0;
+            // A refusal lasts as long as its error: both end with the next success.
+            self.refused = None;
         }
         Step { from, to: transition.to, row: Some(index), actions: transition.actions.to_vec() }
     }
@@ -458,6 +511,38 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_reload_keeps_the_last_good_files_and_is_not_pushed_again_until_the_render_changes() {
+        let mut pod = PodMachine::new(files(1), Some(files(1)));
+        pod.step(&Event::Verified { observed: Some(files(1)) });
+        pod.step(&Event::DesiredChanged { desired: files(2), runtime_only: false });
+        pod.step(&Event::ValidationPassed);
+        let step = pod.step(&Event::ReloadFailed { error: "cannot bind socket".into() });
+        assert_eq!((step.to, step.actions), (Validating, vec![RestoreFiles]));
+        assert_eq!(pod.pushed, Some(files(1)), "the pod runs its last good files");
+        assert_eq!(pod.last_error.as_deref(), Some("cannot bind socket"));
+        for _ in 0..5 {
+            assert_eq!(pod.step(&Event::DriftTick).actions, [], "no push on a timer");
+        }
+        let same = pod.step(&Event::DesiredChanged { desired: files(2), runtime_only: false });
+        assert_eq!(same.actions, [Validate], "a render is news: validate, still no push without it passing");
+        assert_eq!(pod.step(&Event::DriftTick).actions, [], "the same files stay refused");
+        pod.step(&Event::DesiredChanged { desired: files(3), runtime_only: false });
+        assert_eq!(pod.refused, None, "new files are a new chance");
+        assert_eq!(pod.step(&Event::ValidationPassed).actions, [Push]);
+    }
+
+    #[test]
+    fn a_version_conflict_sends_the_pod_back_to_verification() {
+        let mut pod = PodMachine::new(files(1), None);
+        pod.step(&Event::Verified { observed: None });
+        pod.step(&Event::ValidationPassed);
+        let step = pod.step(&Event::VersionConflict);
+        assert_eq!((step.to, step.actions), (Unknown, vec![Verify]));
+        let step = pod.step(&Event::Verified { observed: Some(files(1)) });
+        assert_eq!((step.to, step.actions), (InSync, vec![]), "someone else pushed the desired files");
+    }
+
+    #[test]
     fn the_diagram_has_one_edge_per_row() {
         assert_eq!(mermaid().lines().filter(|l| l.contains("-->")).count(), TABLE.len() + 1);
     }
@@ -485,6 +570,8 @@ mod tests {
             checksums().prop_map(|pushed| Event::Pushed { pushed }),
             checksums().prop_map(|pushed| Event::RuntimePatched { pushed }),
             Just(Event::RuntimePatchMismatch),
+            Just(Event::VersionConflict),
+            Just(Event::ReloadFailed { error: "cannot bind".into() }),
             Just(Event::ActionFailed { error: "unreachable".into() }),
             Just(Event::RetryDue),
             Just(Event::DriftTick),

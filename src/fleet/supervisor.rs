@@ -81,8 +81,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::dataplane::ConfigVersion;
     use crate::files::{FileSet, RenderedFile};
-    use crate::fleet::driver::Validation;
+    use crate::fleet::driver::{ActionError, Reading, StoredCopy, Validation};
     use crate::fleet::machine::{FileChecksums, State};
     use crate::journal::LeaderTerm;
 
@@ -96,29 +97,32 @@ mod tests {
     }
 
     impl PodActions for FakeFleet {
-        async fn verify(&self, pod: &PodTarget) -> Result<Option<FileChecksums>, String> {
+        async fn verify(&self, pod: &PodTarget, _: Option<&StoredCopy>) -> Result<Reading, ActionError> {
             if self.failing.lock().unwrap().contains(&pod.uid.0) {
-                return Err("connection refused".into());
+                return Err(ActionError::Failed("connection refused".into()));
             }
-            Ok(self.runs.lock().unwrap().get(&pod.uid.0).cloned())
+            let observed = self.runs.lock().unwrap().get(&pod.uid.0).cloned().unwrap_or_default();
+            Ok(Reading { observed, version: ConfigVersion(1), copy: None })
         }
-        async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, String> {
+        async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, ActionError> {
             Ok(Validation::Passed)
         }
-        async fn push(&self, pod: &PodTarget, desired: &Desired) -> Result<FileChecksums, String> {
+        async fn push(&self, pod: &PodTarget, desired: &Desired, _: ConfigVersion) -> Result<StoredCopy, ActionError> {
             if self.slow.lock().unwrap().contains(&pod.uid.0) {
                 tokio::time::sleep(Duration::from_secs(30)).await;
             }
             self.pushes.lock().unwrap().push(pod.uid.0.clone());
             self.runs.lock().unwrap().insert(pod.uid.0.clone(), desired.checksums.clone());
-            Ok(desired.checksums.clone())
+            let render = desired.files.haproxy_cfg.checksum;
+            Ok(StoredCopy { render, stored: render, version: ConfigVersion(2) })
         }
         async fn runtime_patch(
             &self,
             _: &PodTarget,
             _: &Desired,
             _: &[crate::plan::RuntimeAction],
-        ) -> Result<Option<FileChecksums>, String> {
+            _: ConfigVersion,
+        ) -> Result<Option<StoredCopy>, ActionError> {
             Ok(None)
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {

@@ -22,12 +22,14 @@ use tracing::{error, info};
 
 use crate::dataplane::ConfigVersion;
 use crate::files::Checksum;
+use crate::fleet::driver::StoredCopy;
 use crate::fleet::machine::{FileChecksums, State};
 use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
 use records::{
-    MetaV1, PodRecordV1, PodRecordV2, SlotsV1, TransitionRecordV1, TransitionRecordV2, state_code, state_from_code,
+    MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, SlotsV1, StoredCopyV1, TransitionRecordV1, TransitionRecordV2,
+    state_code, state_from_code,
 };
 
 /// A pod's identity: its UID. A pod recreated under the same name is a new pod.
@@ -85,8 +87,8 @@ pub struct JournaledPod {
     pub state: State,
     /// What was last pushed to it successfully.
     pub pushed: Option<FileChecksums>,
-    /// The Dataplane configuration version seen after that push.
-    pub config_version: Option<ConfigVersion>,
+    /// The last push to it, as it stores it (with the configuration version it left).
+    pub copy: Option<StoredCopy>,
     /// The last transition.
     pub last_transition: TransitionEntry,
 }
@@ -522,14 +524,18 @@ fn from_millis(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn pod_record(pod: &JournaledPod) -> PodRecordV2 {
-    PodRecordV2 {
+fn pod_record(pod: &JournaledPod) -> PodRecordV3 {
+    PodRecordV3 {
         uid: pod.uid.0.clone(),
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
         state: state_code(pod.state),
         pushed: pod.pushed.as_ref().map(|files| files.iter().map(|(n, c)| (n.clone(), *c.as_bytes())).collect()),
-        config_version: pod.config_version.map(|v| v.0),
+        copy: pod.copy.map(|copy| StoredCopyV1 {
+            render: *copy.render.as_bytes(),
+            stored: *copy.stored.as_bytes(),
+            version: copy.version.0,
+        }),
         last: transition_record(&pod.last_transition),
     }
 }
@@ -558,9 +564,10 @@ fn state(code: u8, kind: RecordKind, version: u16) -> Result<State, CodecError> 
 fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
     let kind = RecordKind::Pod;
     let (version, payload) = codec::open(kind, bytes)?;
-    let record: PodRecordV2 = match version {
-        1 => codec::decode_payload::<PodRecordV1>(kind, version, payload)?.into(),
-        2 => codec::decode_payload(kind, version, payload)?,
+    let record: PodRecordV3 = match version {
+        1 => PodRecordV2::from(codec::decode_payload::<PodRecordV1>(kind, version, payload)?).into(),
+        2 => codec::decode_payload::<PodRecordV2>(kind, version, payload)?.into(),
+        3 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     Ok(JournaledPod {
@@ -569,7 +576,11 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
         name: record.name,
         state: state(record.state, kind, version)?,
         pushed: record.pushed.map(|files| files.into_iter().map(|(n, c)| (n, Checksum::from_bytes(c))).collect()),
-        config_version: record.config_version.map(ConfigVersion),
+        copy: record.copy.map(|copy| StoredCopy {
+            render: Checksum::from_bytes(copy.render),
+            stored: Checksum::from_bytes(copy.stored),
+            version: ConfigVersion(copy.version),
+        }),
         last_transition: transition_entry(record.last, kind, version)?,
     })
 }
@@ -577,9 +588,10 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
 fn decode_transition(bytes: &[u8]) -> Result<TransitionEntry, CodecError> {
     let kind = RecordKind::Transition;
     let (version, payload) = codec::open(kind, bytes)?;
+    // Schema 3 left transitions as schema 2 had them.
     let record: TransitionRecordV2 = match version {
         1 => codec::decode_payload::<TransitionRecordV1>(kind, version, payload)?.into(),
-        2 => codec::decode_payload(kind, version, payload)?,
+        2 | 3 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     transition_entry(record, kind, version)
@@ -609,7 +621,11 @@ mod tests {
             name: format!("haproxy-{uid}"),
             state: to,
             pushed: Some(vec![("haproxy.cfg".into(), Checksum::of(uid.as_bytes()))]),
-            config_version: Some(ConfigVersion(seq)),
+            copy: Some(StoredCopy {
+                render: Checksum::of(uid.as_bytes()),
+                stored: Checksum::of(b"stored"),
+                version: ConfigVersion(seq),
+            }),
             last_transition: TransitionEntry {
                 seq,
                 at: from_millis(1_700_000_000_000 + seq),
@@ -662,6 +678,48 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_2_journal_is_upgraded_to_3_and_its_pods_keep_what_was_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let pushed = vec![("haproxy.cfg".to_owned(), *Checksum::of(b"global\n").as_bytes())];
+        let last = TransitionRecordV2 {
+            seq: 4,
+            at_ms: 1_700_000_000_000,
+            from: state_code(State::Syncing),
+            to: state_code(State::InSync),
+            reason: "Pushed".into(),
+            error: None,
+            term: 2,
+            trace_id: None,
+        };
+        {
+            // Exactly what the schema 2 build wrote: its metadata, one pod and its transition.
+            let db = sled::Config::new().path(&path).open().unwrap();
+            let meta = codec::encode(RecordKind::Meta, 2, &MetaV1 { schema: 2 }).unwrap();
+            db.insert(SCHEMA_KEY, meta).unwrap();
+            let record = PodRecordV2 {
+                uid: "u2".into(),
+                namespace: "haptic".into(),
+                name: "haproxy-0".into(),
+                state: state_code(State::InSync),
+                pushed: Some(pushed.clone()),
+                config_version: None,
+                last: last.clone(),
+            };
+            db.open_tree("pods").unwrap().insert("u2", codec::encode(RecordKind::Pod, 2, &record).unwrap()).unwrap();
+            let log = codec::encode(RecordKind::Transition, 2, &last).unwrap();
+            db.open_tree("log").unwrap().insert(log_key(&PodUid("u2".into()), 4), log).unwrap();
+            db.flush().unwrap();
+        }
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!((report.upgraded_from, report.pods), (Some(2), 1), "{report:?}");
+        let pod = journal.pod(&PodUid("u2".into())).unwrap().unwrap();
+        assert_eq!(pod.pushed, Some(vec![("haproxy.cfg".into(), Checksum::of(b"global\n"))]));
+        assert_eq!((pod.state, pod.copy, pod.last_transition.term), (State::InSync, None, LeaderTerm(2)));
+        assert_eq!(journal.transitions(&PodUid("u2".into()), 0, 10).unwrap().len(), 1);
+    }
+
+    #[test]
     fn a_schema_1_journal_is_upgraded_in_place_and_every_record_survives() {
         let (_dir, path) = fixture("journal-v1");
         let (journal, report) = Journal::open(&path, 100).unwrap();
@@ -678,7 +736,7 @@ mod tests {
                 ("maps/host.map".into(), Checksum::of(b"example.com backend-0\n")),
             ])
         );
-        assert_eq!(in_sync.config_version, Some(ConfigVersion(7)));
+        assert_eq!(in_sync.copy, None, "schemas 1 and 2 knew no stored copies");
         assert_eq!((in_sync.last_transition.term, in_sync.last_transition.trace_id), (LeaderTerm(0), None));
         let failed = &pods[1].last_transition;
         assert!(failed.error.as_deref().is_some_and(|e| e.contains("connection refused")), "{failed:?}");

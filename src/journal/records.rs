@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::fleet::machine::State;
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: u16 = 2;
+pub const SCHEMA_VERSION: u16 = 3;
 
 /// A pod's current record, schema 1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +89,45 @@ impl From<PodRecordV1> for PodRecordV2 {
     }
 }
 
+/// A pod's current record, schema 3: schema 2 with the push its configuration file is a copy
+/// of, as the pod stores it (the Dataplane API rewrites what it is sent in its own layout), in
+/// place of the configuration version alone (which schema 2 never filled).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodRecordV3 {
+    pub(crate) uid: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) state: u8,
+    pub(crate) pushed: Option<Vec<(String, [u8; 32])>>,
+    pub(crate) copy: Option<StoredCopyV1>,
+    pub(crate) last: TransitionRecordV2,
+}
+
+/// A push as the pod stores it, version 1: the rendered file's checksum, the stored file's
+/// checksum (without its version lines) and the configuration version the push left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredCopyV1 {
+    pub(crate) render: [u8; 32],
+    pub(crate) stored: [u8; 32],
+    pub(crate) version: u64,
+}
+
+impl From<PodRecordV2> for PodRecordV3 {
+    /// Schema 2 knew no stored copies: the next verification learns nothing from the journal
+    /// about the file and reads what the pod says.
+    fn from(v2: PodRecordV2) -> Self {
+        Self {
+            uid: v2.uid,
+            namespace: v2.namespace,
+            name: v2.name,
+            state: v2.state,
+            pushed: v2.pushed,
+            copy: None,
+            last: v2.last,
+        }
+    }
+}
+
 /// The server slots of one configuration, version 1: per backend, per slot, the endpoint
 /// (address, port) it holds or nothing. Stored in a tree of its own, added within schema 2:
 /// a build that does not know it leaves it alone.
@@ -100,7 +139,7 @@ pub(crate) struct SlotsV1 {
 /// One slot on disk: the endpoint (address, port) it holds, or nothing.
 pub(crate) type StoredSlotV1 = Option<(String, u16)>;
 
-/// The journal's metadata, schema 1 and 2 (unchanged).
+/// The journal's metadata, schemas 1 to 3 (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaV1 {
     pub(crate) schema: u16,

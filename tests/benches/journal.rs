@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use haptic::dataplane::ConfigVersion;
 use haptic::files::Checksum;
 use haptic::fleet::machine::State;
 use haptic::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
@@ -31,7 +30,7 @@ fn main() {
             name: format!("haproxy-{pod}"),
             state: to,
             pushed: Some(files.clone()),
-            config_version: Some(ConfigVersion(seq)),
+            copy: None,
             last_transition: TransitionEntry {
                 seq: seq / 3 + 1,
                 at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + seq),

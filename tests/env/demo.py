@@ -3,16 +3,10 @@
 (tests/demo.rs is the second half): a raw HAProxy configuration is pushed through one pod's
 Dataplane API, the reload it queues is followed until it succeeds, and a request through that
 pod's HAProxy is answered by a backend.
-
-Where the Dataplane API could not be built (see docs/environment.md) the demo says BLOCKED and
-loads the same configuration through HAProxy's master CLI instead, so the rest still shows.
 """
 
 import argparse
 import json
-import os
-import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -66,21 +60,6 @@ def push_through_dataplane(api: str, auth: str, config: str, backend: str) -> bo
     return True
 
 
-def load_through_master_cli(pod: dict, config: str) -> None:
-    Path(pod["config_file"]).write_text(config)
-    if pod["haproxy_version"].startswith("2.6"):
-        # HAProxy 2.6's master CLI does not answer `reload`; SIGUSR2 to the master does the same.
-        os.kill(int(Path(pod["pid_file"]).read_text().split()[0]), signal.SIGUSR2)
-        return
-    with socket.socket(socket.AF_UNIX) as master:
-        master.connect(pod["master_socket"])
-        master.sendall(b"reload\n")
-        master.shutdown(socket.SHUT_WR)
-        answer = master.recv(4096).decode(errors="replace")
-    if not answer.startswith("Success=1"):
-        raise SystemExit(f"demo: master CLI reload of {pod['name']} answered {answer!r}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--state-dir", required=True)
@@ -91,13 +70,8 @@ def main() -> int:
     auth = "Basic " + b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
 
     config = routing_config(backend)
-    if creds["available"]:
-        if not push_through_dataplane(pod["dataplane_url"], auth, config, backend["name"]):
-            return 1
-    else:
-        print(f"demo: BLOCKED: no Dataplane API here ({creds['blocked_reason']})")
-        load_through_master_cli(pod, config)
-        print(f"demo: loaded a configuration routing to {backend['name']} through the master CLI of {pod['name']}")
+    if not push_through_dataplane(pod["dataplane_url"], auth, config, backend["name"]):
+        return 1
 
     url = f"http://{pod['http_address']}/hello"
     for _ in range(50):

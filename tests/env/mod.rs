@@ -67,10 +67,6 @@ pub struct Otlp {
 /// Dataplane API access shared by all pods.
 #[derive(Debug, Clone, Deserialize)]
 pub struct DataplaneAccess {
-    /// Whether the Dataplane API runs in this environment (it cannot be built everywhere).
-    pub available: bool,
-    /// Why it does not, when it does not.
-    pub blocked_reason: Option<String>,
     /// The port every Dataplane API listens on.
     pub port: u16,
     /// The user.
@@ -86,8 +82,8 @@ pub struct EnvPod {
     pub name: String,
     /// Its loopback address, used as `status.podIP`.
     pub ip: String,
-    /// Its Dataplane API base URL, when the Dataplane API runs.
-    pub dataplane_url: Option<String>,
+    /// Its Dataplane API base URL.
+    pub dataplane_url: String,
     /// `ip:port` of HAProxy's HTTP frontend.
     pub http_address: String,
     /// The HAProxy version it runs, e.g. `2.8.25`.
@@ -125,6 +121,43 @@ impl EnvPod {
         socket.read_to_string(&mut answer)?;
         ensure!(answer.starts_with("Success=1"), "{}: master CLI reload answered {answer:?}", self.name);
         Ok(())
+    }
+}
+
+/// What has been written to a pod: its configuration version (every write through the
+/// Dataplane API adds one) and the reloads its HAProxy master has done (its own count, from
+/// `show proc` on the master CLI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writes {
+    /// The Dataplane API's configuration version.
+    pub version: u64,
+    /// Reloads of the HAProxy master since it started.
+    pub reloads: u64,
+}
+
+impl EnvPod {
+    /// How many times the HAProxy master reloaded, as it counts them (`show proc`).
+    pub fn reloads(&self) -> Result<u64> {
+        let mut socket = std::os::unix::net::UnixStream::connect(&self.master_socket)
+            .with_context(|| format!("connecting to {}", self.master_socket.display()))?;
+        socket.write_all(b"show proc\n")?;
+        socket.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer)?;
+        // "<pid> master <reloads> [failed: N] <uptime> <version>"
+        let master = answer.lines().find(|line| line.split_whitespace().nth(1) == Some("master"));
+        master
+            .and_then(|line| line.split_whitespace().nth(2))
+            .and_then(|count| count.parse().ok())
+            .with_context(|| format!("{}: no reload count in `show proc`: {answer}", self.name))
+    }
+}
+
+impl Manifest {
+    /// The writes a pod has had so far, to compare before and after.
+    pub async fn writes(&self, pod: &EnvPod) -> Result<Writes> {
+        let version = self.dataplane(pod).configuration_version().await?.0;
+        Ok(Writes { version, reloads: pod.reloads()? })
     }
 }
 
@@ -199,20 +232,9 @@ impl Manifest {
         Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
     }
 
-    /// Fails loudly when the Dataplane API is not part of this environment.
-    pub fn require_dataplane(&self) {
-        assert!(
-            self.dataplane.available,
-            "BLOCKED: the HAProxy Dataplane API is not available here: {}",
-            self.dataplane.blocked_reason.as_deref().unwrap_or("no reason recorded")
-        );
-    }
-
     /// A Dataplane client for one pod, with the environment's credentials.
     pub fn dataplane(&self, pod: &EnvPod) -> DataplaneClient {
-        self.require_dataplane();
-        let url = pod.dataplane_url.as_deref().expect("an available Dataplane API has a URL");
-        let endpoint = Endpoint::parse(url).expect("env.json holds valid URLs");
+        let endpoint = Endpoint::parse(&pod.dataplane_url).expect("env.json holds valid URLs");
         DataplaneClient::new(endpoint, Credentials::new(&self.dataplane.username, &self.dataplane.password))
     }
 

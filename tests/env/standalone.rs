@@ -168,30 +168,67 @@ pub async fn apply_library_config(
     dir: &Path,
 ) -> Result<()> {
     let path = |name: &str| dir.join(name).display().to_string();
-    let only_here = format!("{{{namespace}}}");
-    let values = [
+    let placement = [
         ("haproxy.bindAddress", frontend.to_owned()),
-        ("haproxy.ports.http", "8080".into()),
-        ("haproxy.ports.https", "8443".into()),
-        ("haproxy.ports.health", "8404".into()),
         ("haproxy.paths.maps", path("maps")),
         ("haproxy.paths.general", path("general")),
         ("haproxy.paths.certs", path("certs")),
         ("haproxy.paths.runtimeSocket", path("runtime.sock")),
+    ];
+    apply_chart_config(client, namespace, release, &placement, None).await
+}
+
+/// Applies the chart's default configuration (`haptic`) for the environment's pods: each binds
+/// its own address (`POD_IP` in its environment), keeps its files in its own directory (the
+/// one HAProxy and its Dataplane API run in), and is deployed to through its Dataplane API
+/// with the credentials of the Secret `dataplane` (see `fixtures::dataplane_secret`).
+pub async fn apply_library_config_for_pods(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
+    let placement = [
+        ("haproxy.bindAddress", "\"${POD_IP}\"".to_owned()),
+        ("haproxy.paths.maps", "maps".into()),
+        ("haproxy.paths.general", "general".into()),
+        ("haproxy.paths.certs", "ssl".into()),
+        ("haproxy.paths.runtimeSocket", "unix@haproxy.sock".into()),
+        ("haproxy.dataplane.existingSecret", "dataplane".into()),
+    ];
+    let env_pods =
+        json!({"matchLabels": {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/part-of": "haptic-env"}});
+    apply_chart_config(client, namespace, release, &placement, Some(env_pods)).await
+}
+
+/// Renders the chart's configuration with the environment's ports (HTTP 8080, HTTPS 8443,
+/// health 8404), `placement` and, when given, another pod selector, watching only `namespace`
+/// (other tests share the API server), and applies it.
+async fn apply_chart_config(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    placement: &[(&str, String)],
+    pod_selector: Option<serde_json::Value>,
+) -> Result<()> {
+    let only_here = format!("{{{namespace}}}");
+    let mut values = vec![
+        ("haproxy.ports.http", "8080".to_owned()),
+        ("haproxy.ports.https", "8443".into()),
+        ("haproxy.ports.health", "8404".into()),
         ("config.watchedResources.ingresses.namespaces", only_here.clone()),
         ("config.watchedResources.services.namespaces", only_here.clone()),
         ("config.watchedResources.endpoints.namespaces", only_here.clone()),
         ("config.watchedResources.secrets.namespaces", only_here),
     ];
+    values.extend(placement.iter().cloned());
     let sets: Vec<String> = values.iter().map(|(key, value)| format!("{key}={value}")).collect();
     let mut args: Vec<&str> = Vec::new();
     for set in &sets {
         args.extend(["--set", set.as_str()]);
     }
-    let config = super::chart::render_chart(release, namespace, &args)?
+    let mut config = super::chart::render_chart(release, namespace, &args)?
         .into_iter()
         .find(|d| d["kind"] == "HAProxyTemplateConfig")
         .context("the chart has no HAProxyTemplateConfig")?;
+    if let Some(selector) = pod_selector {
+        config["spec"]["podSelector"] = selector;
+    }
     let config: DynamicObject = serde_json::from_value(config)?;
     let discovery = kube::discovery::Discovery::new(client.clone()).filter(&["haptic.dev"]).run().await?;
     let (resource, _) = discovery
