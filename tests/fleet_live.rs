@@ -200,14 +200,17 @@ async fn a_new_leader_adopts_pods_in_sync_without_a_single_reload() -> Result<()
     for pod in &env.pods {
         writes.push(env.writes(pod).await?);
     }
+    let a_log = a.log_tail();
     drop(a.kill());
     wait_all_in_sync(&api_b, env.pods.len(), Duration::from_secs(30)).await.with_context(|| b.log_tail())?;
     for (pod, before) in env.pods.iter().zip(writes) {
         let after = env.writes(pod).await?;
         ensure!(
             after == before,
-            "{}: the new leader wrote to a pod that was in sync ({before:?} → {after:?})",
-            pod.name
+            "{}: the new leader wrote to a pod that was in sync ({before:?} → {after:?})\nA: {}\nB: {}",
+            pod.name,
+            a_log,
+            b.log_tail()
         );
     }
     ensure!(metric(&api_b, "haptic_reloads_total").await? == 0.0, "the new leader caused reloads");

@@ -12,10 +12,11 @@ use tracing::{info, warn};
 use crate::config::HAProxyTemplateConfigSpec;
 use crate::dataplane::Credentials;
 use crate::files::FileSet;
+use crate::fleet::supervisor::FleetPods;
 use crate::fleet::{DataplaneActions, Desired, DriverSettings, PodTarget, supervisor};
 use crate::journal::{Journal, LeaderTerm, PodUid};
-use crate::render::PodInfo;
 use crate::telemetry::traces::TraceParent;
+use crate::watch::HaproxyPod;
 
 /// The running fleet.
 pub(crate) struct Deployer {
@@ -25,7 +26,7 @@ pub(crate) struct Deployer {
 }
 
 struct Fleet {
-    pods: watch::Sender<Vec<PodTarget>>,
+    pods: watch::Sender<FleetPods>,
     desired: watch::Sender<Arc<Desired>>,
     actions: Arc<DataplaneActions>,
     task: tokio::task::JoinHandle<()>,
@@ -37,25 +38,29 @@ impl Deployer {
         Self { journal, term, fleet: None }
     }
 
-    /// Hands a successful render and the current pods to the fleet, starting it on first use.
+    /// Hands a successful render and the current pods to the fleet, starting it on first use:
+    /// it deploys to the pods that can be deployed to, and keeps the journal records of all.
     pub(crate) fn deploy(
         &mut self,
         spec: &HAProxyTemplateConfigSpec,
         credentials: &Credentials,
         files: FileSet,
-        pods: &[PodInfo],
+        pods: &[HaproxyPod],
         trace: Option<TraceParent>,
     ) {
         let port = spec.dataplane.port;
-        let targets: Vec<PodTarget> = pods
+        let targets = pods
             .iter()
+            .filter(|pod| pod.deployable)
             .map(|pod| PodTarget {
-                uid: PodUid(pod.uid.clone()),
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                endpoint: endpoint(&pod.ip, port),
+                uid: PodUid(pod.info.uid.clone()),
+                namespace: pod.info.namespace.clone(),
+                name: pod.info.name.clone(),
+                endpoint: endpoint(&pod.info.ip, port),
             })
             .collect();
+        let present = pods.iter().map(|pod| PodUid(pod.info.uid.clone())).collect();
+        let targets = FleetPods { targets, present };
         let desired = Arc::new(Desired::new(files).traced(trace));
         match &self.fleet {
             Some(fleet) => {

@@ -228,7 +228,7 @@ pub async fn run(
             _ = status_tick.tick() => {
                 if writes_status(*leadership.borrow(), &journal) {
                     if let (Some(journal), Some(active), Some((files, _))) = (&journal, &active, &last_render) {
-                        facts.pods = Some(pod_facts(journal, &active.watches.pods(), files));
+                        facts.pods = Some(pod_facts(journal, &active.watches.all_pods(), files));
                     }
                     status.publish(&facts).await;
                 }
@@ -323,15 +323,17 @@ fn writes_status(leadership: Leadership, journal: &Option<Arc<crate::journal::Jo
     leadership.is_leader() || journal.is_none()
 }
 
-/// The current HAProxy pods as their journal records show them against the last render.
+/// The HAProxy pods being deployed to, as their journal records show them against the last render.
 fn pod_facts(
     journal: &crate::journal::Journal,
-    pods: &[crate::render::PodInfo],
+    pods: &[crate::watch::HaproxyPod],
     files: &crate::files::FileSet,
 ) -> Vec<PodFact> {
     // Called every second: the checksums only, not a copy of the whole render.
     let desired = crate::fleet::deployed_checksums(files);
     pods.iter()
+        .filter(|pod| pod.deployable)
+        .map(|pod| &pod.info)
         .map(|pod| {
             let record = journal.pod(&crate::journal::PodUid(pod.uid.clone())).ok().flatten();
             let state = record.as_ref().map_or(crate::fleet::machine::State::Unknown, |r| r.state);
@@ -358,7 +360,7 @@ fn deploy_render(
     trace: Option<TraceParent>,
 ) {
     match &active.credentials {
-        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.pods(), trace),
+        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.all_pods(), trace),
         None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
     }
 }

@@ -105,7 +105,12 @@ pub fn with_render_marker(config: &str, render: &Checksum) -> String {
 
 /// The render a stored configuration claims to come from (its marker line), if any.
 fn claimed_render(stored: &StoredConfig) -> Option<Checksum> {
-    stored.text.lines().find_map(|line| line.strip_prefix(RENDER_MARKER)).and_then(|hex| Checksum::from_hex(hex.trim()))
+    // The API keeps a trailing comment inside the last section, indented like its lines.
+    stored
+        .text
+        .lines()
+        .find_map(|line| line.trim_start().strip_prefix(RENDER_MARKER))
+        .and_then(|hex| Checksum::from_hex(hex.trim()))
 }
 
 /// The checksum of a stored configuration's layout, without the lines the API rewrites on
@@ -354,15 +359,16 @@ mod tests {
             format!("global\n    maxconn 10\n{RENDER_MARKER}{render}\n"),
             "the render's lines as they are"
         );
-        // The API's layout: its own indentation and header lines.
-        let on_pod = stored(4, &format!("{RENDER_MARKER}{render}\n\nglobal\n  maxconn 10\n"));
+        // The API's layout (as v3.2.7 stored it): its own indentation and header lines, and the
+        // trailing marker kept inside the last section, indented.
+        let on_pod = stored(4, &format!("\nglobal\n  maxconn 10\n  {RENDER_MARKER}{render}\n"));
         let (observed, copy) = recognise(&on_pod, None);
         assert_eq!(observed, render);
         let copy = copy.unwrap();
         assert_eq!((copy.render, copy.version), (render, ConfigVersion(4)));
         // The same file at another version (a later write of the same text) is the same push.
         assert_eq!(
-            recognise(&stored(9, &format!("{RENDER_MARKER}{render}\n\nglobal\n  maxconn 10\n")), Some(&copy)).0,
+            recognise(&stored(9, &format!("\nglobal\n  maxconn 10\n  {RENDER_MARKER}{render}\n")), Some(&copy)).0,
             render
         );
     }

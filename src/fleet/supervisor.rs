@@ -1,31 +1,40 @@
-//! The fleet: one driver per HAProxy pod, started when a pod (by UID) appears and stopped,
-//! with its journal record forgotten, when it goes. A pod recreated under the same name has a
-//! new UID and so starts from nothing: verification, then a full sync.
+//! The fleet: one driver per HAProxy pod that can be deployed to, started when such a pod (by
+//! UID) appears and stopped when it no longer can be (not Running, its Dataplane API not ready);
+//! its journal record is kept until the pod is deleted. A pod recreated under the same name has
+//! a new UID and so starts from nothing: verification, then a full sync.
+//!
+//! Stopping a driver never waits for its action in flight: other pods are not held up by a
+//! gone one. A driver that dies (a panic) is logged, counted and started again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tokio::task::{AbortHandle, Id, JoinSet};
+use tracing::{error, info, warn};
 
 use super::driver::{Desired, DriverSettings, PodActions, PodDriver, PodTarget};
 use crate::journal::{Journal, PodUid};
 
+/// The pods the fleet knows of.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetPods {
+    /// The pods to deploy to.
+    pub targets: Vec<PodTarget>,
+    /// Every pod that exists (targets and pods that cannot be deployed to right now): the
+    /// journal forgets only pods missing from here.
+    pub present: BTreeSet<PodUid>,
+}
+
 struct Running {
     stop: watch::Sender<bool>,
-    task: DriverTask,
+    task: AbortHandle,
+    target: PodTarget,
 }
 
-/// A driver's task, aborted if the supervisor itself is stopped (aborted) mid-way, so that
-/// stopping the fleet stops every pod's work at once.
-struct DriverTask(JoinHandle<()>);
-
-impl Drop for DriverTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+/// How long a stopping fleet waits for its drivers' actions in flight.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs the fleet until the pod list's sender is dropped.
 pub async fn run<A: PodActions>(
@@ -33,44 +42,93 @@ pub async fn run<A: PodActions>(
     actions: Arc<A>,
     max_parallel: usize,
     settings: DriverSettings,
-    mut pods: watch::Receiver<Vec<PodTarget>>,
+    mut pods: watch::Receiver<FleetPods>,
     desired: watch::Receiver<Arc<Desired>>,
 ) {
     let slots = Arc::new(Semaphore::new(max_parallel.max(1)));
+    let mut drivers: JoinSet<()> = JoinSet::new();
     let mut running: BTreeMap<PodUid, Running> = BTreeMap::new();
+    let mut tasks: HashMap<Id, PodUid> = HashMap::new();
+    let start = |target: PodTarget, drivers: &mut JoinSet<()>| {
+        let first = desired.borrow().clone();
+        let driver =
+            PodDriver::new(target.clone(), journal.clone(), actions.clone(), slots.clone(), settings.clone(), first);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = drivers.spawn(driver.run(desired.clone(), stop_rx));
+        Running { stop, task, target }
+    };
     loop {
-        let current: Vec<PodTarget> = pods.borrow_and_update().clone();
-        let wanted: BTreeMap<PodUid, PodTarget> = current.into_iter().map(|pod| (pod.uid.clone(), pod)).collect();
-        let gone: Vec<PodUid> = running.keys().filter(|uid| !wanted.contains_key(*uid)).cloned().collect();
-        for uid in gone {
-            if let Some(mut driver) = running.remove(&uid) {
+        let current = pods.borrow_and_update().clone();
+        let wanted: BTreeMap<PodUid, PodTarget> =
+            current.targets.into_iter().map(|pod| (pod.uid.clone(), pod)).collect();
+        let leaving: Vec<PodUid> = running
+            .iter()
+            .filter(|(uid, driver)| wanted.get(*uid) != Some(&driver.target))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in leaving {
+            if let Some(driver) = running.remove(&uid) {
+                // Its action in flight ends at its next step; nobody waits for it.
                 let _ = driver.stop.send(true);
-                let _ = (&mut driver.task.0).await;
+                info!(pod = %driver.target.name, %uid, "pod cannot be deployed to now: driver stopped");
             }
-            if let Err(error) = journal.forget(&uid) {
-                warn!(%uid, %error, "could not forget a pod that is gone");
-            }
-            info!(%uid, "pod gone: driver stopped, journal record forgotten");
         }
+        forget_deleted(&journal, &current.present);
         for (uid, target) in wanted {
             if running.contains_key(&uid) {
                 continue;
             }
             info!(pod = %target.name, %uid, "pod found: starting its driver");
-            let first = desired.borrow().clone();
-            let driver =
-                PodDriver::new(target, journal.clone(), actions.clone(), slots.clone(), settings.clone(), first);
-            let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(driver.run(desired.clone(), stop_rx));
-            running.insert(uid, Running { stop, task: DriverTask(task) });
+            let driver = start(target, &mut drivers);
+            tasks.insert(driver.task.id(), uid.clone());
+            running.insert(uid, driver);
         }
-        if pods.changed().await.is_err() {
-            break;
+        tokio::select! {
+            changed = pods.changed() => if changed.is_err() { break },
+            Some(ended) = drivers.join_next_with_id() => {
+                let (id, panic) = match ended {
+                    Ok((id, ())) => (id, None),
+                    Err(error) => (error.id(), error.is_panic().then(|| error.to_string())),
+                };
+                let Some(uid) = tasks.remove(&id) else { continue };
+                let still_current = running.get(&uid).is_some_and(|driver| driver.task.id() == id);
+                if let Some(panic) = panic {
+                    error!(%uid, %panic, "pod driver died");
+                    crate::telemetry::metrics::metrics().driver_restarts.inc();
+                }
+                if still_current && let Some(dead) = running.remove(&uid) {
+                    // A driver ends by itself only when it died: start it again from the journal.
+                    warn!(pod = %dead.target.name, %uid, "restarting the pod's driver");
+                    let driver = start(dead.target, &mut drivers);
+                    tasks.insert(driver.task.id(), uid.clone());
+                    running.insert(uid, driver);
+                }
+            }
         }
     }
-    for (_, mut driver) in running {
+    for driver in running.values() {
         let _ = driver.stop.send(true);
-        let _ = (&mut driver.task.0).await;
+    }
+    let drained = async { while drivers.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_GRACE, drained).await.is_err() {
+        warn!("pod drivers did not stop within {}s: aborted", STOP_GRACE.as_secs());
+    }
+}
+
+/// Forgets the journal records of pods that no longer exist.
+fn forget_deleted(journal: &Journal, present: &BTreeSet<PodUid>) {
+    let known = match journal.pods() {
+        Ok(known) => known,
+        Err(error) => {
+            warn!(%error, "could not read the journal to forget deleted pods");
+            return;
+        }
+    };
+    for pod in known.into_iter().filter(|pod| !present.contains(&pod.uid)) {
+        match journal.forget(&pod.uid) {
+            Ok(()) => info!(pod = %pod.name, uid = %pod.uid, "pod deleted: journal record forgotten"),
+            Err(error) => warn!(uid = %pod.uid, %error, "could not forget a deleted pod"),
+        }
     }
 }
 
@@ -94,10 +152,14 @@ mod tests {
         pushes: Mutex<Vec<String>>,
         failing: Mutex<HashSet<String>>,
         slow: Mutex<HashSet<String>>,
+        panicking: Mutex<HashSet<String>>,
     }
 
     impl PodActions for FakeFleet {
         async fn verify(&self, pod: &PodTarget, _: Option<&StoredCopy>) -> Result<Reading, ActionError> {
+            if self.panicking.lock().unwrap().remove(&pod.uid.0) {
+                panic!("a bug in a driver");
+            }
             if self.failing.lock().unwrap().contains(&pod.uid.0) {
                 return Err(ActionError::Failed("connection refused".into()));
             }
@@ -153,6 +215,11 @@ mod tests {
         panic!("{what}: never happened: {:?}", journal.pods().unwrap());
     }
 
+    fn fleet_of(targets: &[PodTarget], others: &[&str]) -> FleetPods {
+        let present = targets.iter().map(|pod| pod.uid.clone()).chain(others.iter().map(|u| PodUid((*u).into())));
+        FleetPods { targets: targets.to_vec(), present: present.collect() }
+    }
+
     fn state(journal: &Journal, uid: &str) -> Option<State> {
         journal.pod(&PodUid(uid.into())).unwrap().map(|p| p.state)
     }
@@ -164,8 +231,10 @@ mod tests {
         let fake = Arc::new(FakeFleet::default());
         fake.slow.lock().unwrap().insert("slow".into());
         fake.failing.lock().unwrap().insert("down".into());
-        let (pods_tx, pods_rx) =
-            watch::channel(vec![pod("slow", "haproxy-0"), pod("down", "haproxy-1"), pod("ok", "haproxy-2")]);
+        let (pods_tx, pods_rx) = watch::channel(fleet_of(
+            &[pod("slow", "haproxy-0"), pod("down", "haproxy-1"), pod("ok", "haproxy-2")],
+            &[],
+        ));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
         let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
@@ -183,7 +252,9 @@ mod tests {
         .await;
 
         // haproxy-2 is deleted and recreated under the same name: a new UID, a fresh start.
-        pods_tx.send(vec![pod("slow", "haproxy-0"), pod("down", "haproxy-1"), pod("ok-2", "haproxy-2")]).unwrap();
+        pods_tx
+            .send(fleet_of(&[pod("slow", "haproxy-0"), pod("down", "haproxy-1"), pod("ok-2", "haproxy-2")], &[]))
+            .unwrap();
         until(&journal, "the new pod in sync", |j| state(j, "ok-2") == Some(State::InSync)).await;
         assert_eq!(state(&journal, "ok"), None, "the old UID is forgotten");
         assert_eq!(
@@ -192,6 +263,51 @@ mod tests {
             "the new UID got a full sync"
         );
 
+        drop(pods_tx);
+        fleet.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_that_cannot_be_deployed_to_keeps_its_record_until_it_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(&dir.path().join("journal"), 100).unwrap().0);
+        let fake = Arc::new(FakeFleet::default());
+        let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0"), pod("b", "haproxy-1")], &[]));
+        let (_desired_tx, desired_rx) = watch::channel(desired("a"));
+        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
+        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        until(&journal, "both in sync", |j| {
+            state(j, "a") == Some(State::InSync) && state(j, "b") == Some(State::InSync)
+        })
+        .await;
+        // b's Dataplane API turns NotReady: no more work on it, but it is still b.
+        pods_tx.send(fleet_of(&[pod("a", "haproxy-0")], &["b"])).unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(state(&journal, "b"), Some(State::InSync), "the record of a NotReady pod is kept");
+        // Ready again: verified, found as it was, no push.
+        pods_tx.send(fleet_of(&[pod("a", "haproxy-0"), pod("b", "haproxy-1")], &[])).unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fake.pushes.lock().unwrap().iter().filter(|u| *u == "b").count(), 1, "b was pushed to once");
+        // Deleted: forgotten.
+        pods_tx.send(fleet_of(&[pod("a", "haproxy-0")], &[])).unwrap();
+        until(&journal, "b forgotten", |j| state(j, "b").is_none()).await;
+        drop(pods_tx);
+        fleet.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_driver_that_dies_is_counted_and_started_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(&dir.path().join("journal"), 100).unwrap().0);
+        let fake = Arc::new(FakeFleet::default());
+        fake.panicking.lock().unwrap().insert("a".into());
+        let restarts = crate::telemetry::metrics::metrics().driver_restarts.get();
+        let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
+        let (_desired_tx, desired_rx) = watch::channel(desired("a"));
+        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
+        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        until(&journal, "in sync after the restart", |j| state(j, "a") == Some(State::InSync)).await;
+        assert!(crate::telemetry::metrics::metrics().driver_restarts.get() > restarts, "the death is counted");
         drop(pods_tx);
         fleet.await.unwrap();
     }

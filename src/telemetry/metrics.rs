@@ -90,6 +90,8 @@ pub struct Metrics {
     pub journal_bytes: Gauge,
     /// 1 while this replica may deploy.
     pub leader: Gauge,
+    /// Pod drivers that died (panicked) and were restarted.
+    pub driver_restarts: Counter,
 }
 
 fn duration_buckets() -> impl Iterator<Item = f64> {
@@ -113,6 +115,7 @@ impl Metrics {
             pods: Family::default(),
             journal_bytes: Gauge::default(),
             leader: Gauge::default(),
+            driver_restarts: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("renders", "Renders by outcome", metrics.renders.clone());
@@ -135,6 +138,11 @@ impl Metrics {
         registry.register("pods", "Known HAProxy pods by state", metrics.pods.clone());
         registry.register("journal_size_bytes", "Journal size on disk", metrics.journal_bytes.clone());
         registry.register("leader", "1 while this replica deploys", metrics.leader.clone());
+        registry.register(
+            "driver_restarts",
+            "Pod drivers that died and were restarted",
+            metrics.driver_restarts.clone(),
+        );
         Self { registry, ..metrics }
     }
 

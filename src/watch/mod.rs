@@ -128,10 +128,25 @@ impl SharedStore {
     }
 }
 
+/// An HAProxy pod as the pod watch sees it: what templates see of it, and what the fleet
+/// needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HaproxyPod {
+    /// The pod as templates see it.
+    pub info: PodInfo,
+    /// Ready (its Ready condition is True): it takes traffic, and templates see it.
+    pub ready: bool,
+    /// Running, with an IP, not being deleted, and its Dataplane API container ready: it can
+    /// be deployed to. A pod is often not Ready until it has been (its HAProxy answers its
+    /// readiness probe only with a configuration from haptic), so deploying only to Ready pods
+    /// would never configure one.
+    pub deployable: bool,
+}
+
 /// The running watches of one configuration. Dropping it stops them.
 pub struct Watches {
     stores: BTreeMap<String, Arc<SharedStore>>,
-    pods: Arc<Mutex<Vec<PodInfo>>>,
+    pods: Arc<Mutex<Vec<HaproxyPod>>>,
     tasks: Vec<JoinHandle<()>>,
     streams: usize,
     synced: SyncCount,
@@ -184,6 +199,7 @@ impl Watches {
         }
         let pod_stream = PodStream {
             namespace: pod_namespace.to_owned(),
+            dataplane_port: spec.dataplane.port,
             pods: watches.pods.clone(),
             changes,
             synced: watches.synced.clone(),
@@ -195,8 +211,13 @@ impl Watches {
         Ok(watches)
     }
 
-    /// The ready HAProxy pods, in (namespace, name) order.
+    /// The ready HAProxy pods, in (namespace, name) order: what templates see.
     pub fn pods(&self) -> Vec<PodInfo> {
+        self.all_pods().into_iter().filter(|pod| pod.ready).map(|pod| pod.info).collect()
+    }
+
+    /// Every HAProxy pod that exists (deleted ones are gone), in (namespace, name) order.
+    pub fn all_pods(&self) -> Vec<HaproxyPod> {
         self.pods.lock().map(|pods| pods.clone()).unwrap_or_default()
     }
 
@@ -267,11 +288,12 @@ async fn discover(client: &kube::Client, alias: &str, watched: &WatchedResource)
     Ok(resource)
 }
 
-/// The HAProxy pods: Ready, with an IP, not being deleted. Only a change of that set (or of a
-/// pod's address) is announced, not every status update of a pod.
+/// The HAProxy pods that exist, with their readiness and whether they can be deployed to. Only
+/// a change of those (or of a pod's address) is announced, not every status update of a pod.
 struct PodStream {
     namespace: String,
-    pods: Arc<Mutex<Vec<PodInfo>>>,
+    dataplane_port: u16,
+    pods: Arc<Mutex<Vec<HaproxyPod>>>,
     changes: mpsc::Sender<Change>,
     synced: SyncCount,
 }
@@ -281,16 +303,16 @@ impl PodStream {
         let api: Api<Pod> = Api::namespaced(client, &self.namespace);
         let mut stream =
             watcher::watcher(api, watcher::Config::default().labels(&selector)).backoff(reconnect_backoff()).boxed();
-        let mut known: BTreeMap<String, PodInfo> = BTreeMap::new();
-        let mut relist: BTreeMap<String, PodInfo> = BTreeMap::new();
+        let mut known: BTreeMap<String, HaproxyPod> = BTreeMap::new();
+        let mut relist: BTreeMap<String, HaproxyPod> = BTreeMap::new();
         let mut first_sync = true;
         while let Some(event) = stream.next().await {
             let before = known.clone();
             match event {
                 Ok(Event::Init) => relist.clear(),
                 Ok(Event::InitApply(pod)) => {
-                    if let Some((uid, info)) = ready_pod(&pod) {
-                        relist.insert(uid, info);
+                    if let Some(pod) = haproxy_pod(&pod, self.dataplane_port) {
+                        relist.insert(pod.info.uid.clone(), pod);
                     }
                 }
                 Ok(Event::InitDone) => {
@@ -305,8 +327,8 @@ impl PodStream {
                 }
                 Ok(Event::Apply(pod)) => {
                     let uid = pod.metadata.uid.clone().unwrap_or_default();
-                    match ready_pod(&pod) {
-                        Some((uid, info)) => known.insert(uid, info),
+                    match haproxy_pod(&pod, self.dataplane_port) {
+                        Some(pod) => known.insert(uid, pod),
                         None => known.remove(&uid),
                     };
                 }
@@ -324,34 +346,43 @@ impl PodStream {
         }
     }
 
-    fn publish(&self, known: &BTreeMap<String, PodInfo>) {
-        let mut pods: Vec<PodInfo> = known.values().cloned().collect();
-        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    fn publish(&self, known: &BTreeMap<String, HaproxyPod>) {
+        let mut pods: Vec<HaproxyPod> = known.values().cloned().collect();
+        pods.sort_by(|a, b| (&a.info.namespace, &a.info.name).cmp(&(&b.info.namespace, &b.info.name)));
         if let Ok(mut shared) = self.pods.lock() {
             *shared = pods;
         }
     }
 }
 
-/// The pod as templates see it, if it is an HAProxy pod that can take traffic.
-fn ready_pod(pod: &Pod) -> Option<(String, PodInfo)> {
-    if pod.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let status = pod.status.as_ref()?;
-    let ip = status.pod_ip.clone().filter(|ip| !ip.is_empty())?;
-    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
-    if !ready {
-        return None;
-    }
+/// An HAProxy pod as the fleet and templates see it; `None` for a pod without a UID.
+/// The Dataplane API container is the one declaring `dataplane_port`; a pod none of whose
+/// containers declares it is deployable only once all its containers are ready.
+pub fn haproxy_pod(pod: &Pod, dataplane_port: u16) -> Option<HaproxyPod> {
     let uid = pod.metadata.uid.clone()?;
+    let status = pod.status.clone().unwrap_or_default();
+    let ip = status.pod_ip.clone().filter(|ip| !ip.is_empty());
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    let condition = |kind: &str| status.conditions.iter().flatten().any(|c| c.type_ == kind && c.status == "True");
+    let dataplane_container = pod.spec.iter().flat_map(|spec| &spec.containers).find(|container| {
+        container.ports.iter().flatten().any(|port| port.container_port == i32::from(dataplane_port))
+    });
+    let dataplane_ready = match dataplane_container {
+        Some(container) => status.container_statuses.iter().flatten().any(|s| s.name == container.name && s.ready),
+        None => condition("ContainersReady"),
+    };
+    let running = status.phase.as_deref() == Some("Running");
     let info = PodInfo {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
-        uid: uid.clone(),
-        ip,
+        uid,
+        ip: ip.clone().unwrap_or_default(),
     };
-    Some((uid, info))
+    Some(HaproxyPod {
+        info,
+        ready: !terminating && ip.is_some() && condition("Ready"),
+        deployable: !terminating && ip.is_some() && running && dataplane_ready,
+    })
 }
 
 /// One watch stream: an alias, in one namespace or all.
@@ -451,5 +482,75 @@ impl AliasStream {
 
     fn reference(&self, object: &Json) -> Option<ObjectRef> {
         object_key(object).map(|key| ObjectRef { kind: self.resource.kind.clone(), key })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "haproxy-0", "namespace": "web", "uid": "u1"},
+            "spec": {"containers": [
+                {"name": "haproxy", "ports": [{"name": "http", "containerPort": 80}]},
+                {"name": "dataplaneapi", "ports": [{"name": "dataplane", "containerPort": 5555}]}
+            ]},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    fn containers(haproxy: bool, dataplane: bool) -> serde_json::Value {
+        serde_json::json!([
+            {"name": "haproxy", "ready": haproxy, "restartCount": 0, "image": "i", "imageID": ""},
+            {"name": "dataplaneapi", "ready": dataplane, "restartCount": 0, "image": "i", "imageID": ""}
+        ])
+    }
+
+    #[test]
+    fn a_fresh_pod_is_deployable_before_it_is_ready() {
+        // The chart's pod: HAProxy answers its readiness probe only once haptic deployed.
+        let fresh = haproxy_pod(
+            &pod(serde_json::json!({"phase": "Running", "podIP": "10.0.0.7",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": containers(false, true)})),
+            5555,
+        )
+        .unwrap();
+        assert_eq!((fresh.ready, fresh.deployable), (false, true));
+        assert_eq!(fresh.info.ip, "10.0.0.7");
+    }
+
+    #[test]
+    fn a_pod_without_its_dataplane_api_or_address_is_not_deployable() {
+        let no_dataplane = pod(serde_json::json!({"phase": "Running", "podIP": "10.0.0.7",
+            "containerStatuses": containers(true, false)}));
+        assert!(!haproxy_pod(&no_dataplane, 5555).unwrap().deployable);
+        let pending = pod(serde_json::json!({"phase": "Pending"}));
+        let pending = haproxy_pod(&pending, 5555).unwrap();
+        assert_eq!((pending.ready, pending.deployable), (false, false), "it exists, so its record is kept");
+    }
+
+    #[test]
+    fn a_ready_pod_is_seen_by_templates_and_a_terminating_one_by_nobody() {
+        let status = serde_json::json!({"phase": "Running", "podIP": "10.0.0.7",
+            "conditions": [{"type": "Ready", "status": "True"}], "containerStatuses": containers(true, true)});
+        let ready = haproxy_pod(&pod(status.clone()), 5555).unwrap();
+        assert_eq!((ready.ready, ready.deployable), (true, true));
+        let mut terminating = pod(status);
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let terminating = haproxy_pod(&terminating, 5555).unwrap();
+        assert_eq!((terminating.ready, terminating.deployable), (false, false));
+    }
+
+    #[test]
+    fn without_a_declared_dataplane_port_every_container_must_be_ready() {
+        let status = serde_json::json!({"phase": "Running", "podIP": "10.0.0.7",
+            "conditions": [{"type": "ContainersReady", "status": "True"}]});
+        assert!(haproxy_pod(&pod(status.clone()), 9999).unwrap().deployable);
+        let status = serde_json::json!({"phase": "Running", "podIP": "10.0.0.7"});
+        assert!(!haproxy_pod(&pod(status), 9999).unwrap().deployable);
     }
 }

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -45,7 +46,11 @@ DEBIAN_HAPROXY = Path("/usr/sbin/haproxy")
 DATAPLANE_PORT = 5555
 APISERVER_BASE_PORT = 16443
 HAPROXY_HTTP_PORT = 8080
+HAPROXY_HEALTH_PORT = 8404
 BACKEND_PORT = 8080
+# The chart's own files for an HAProxy pod (bootstrap configuration, Dataplane API configuration,
+# reload script): simulated pods are configured from them, filled with their own values.
+CHART_FILES = REPO / "chart" / "files"
 # Helm as pinned in tests/env/helm/go.mod (stamped into `helm version`).
 HELM_VERSION = "v3.22.0"
 # The OpenTelemetry Collector's standard OTLP ports, on the environment's own loopback address.
@@ -458,27 +463,47 @@ def render_template(name: str, values: dict[str, str]) -> str:
     return text
 
 
+def chart_file(name: str, values: dict[str, str]) -> str:
+    """One of the chart's pod files, its @PLACEHOLDERS@ filled as the chart fills them."""
+    text = (CHART_FILES / name).read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    leftover = sorted(set(re.findall(r"@[A-Z_]+@", text)))
+    if leftover:
+        raise EnvError(f"chart/files/{name}: placeholders the environment does not fill: {', '.join(leftover)}")
+    return text
+
+
 def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Components, password: str,
               ready_timeout: float) -> dict:
+    """One simulated pod, configured as the chart configures one (chart/files): HAProxy from the
+    chart's bootstrap configuration, the Dataplane API beside it from the chart's configuration
+    (master socket reload for HAProxy >= 2.7, the reload script for 2.6)."""
     name = f"haproxy-{index}"
     pod_dir = sup.state_dir / "pods" / name
     for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage"):
         (pod_dir / sub).mkdir(parents=True, exist_ok=True)
     binary = components.haproxy[version]
     values = {
-        "POD_DIR": str(pod_dir),
-        "POD_IP": ip,
-        "NAME": name,
-        "DATAPLANE_PORT": str(DATAPLANE_PORT),
+        "RUNTIME_SOCKET": str(pod_dir / "haproxy.sock"),
+        "BIND_ADDRESS": ip,
+        "HEALTH_PORT": str(HAPROXY_HEALTH_PORT),
         "HTTP_PORT": str(HAPROXY_HTTP_PORT),
+        "DATAPLANE_HOST": ip,
+        "DATAPLANE_PORT": str(DATAPLANE_PORT),
+        "RUN_DIR": str(pod_dir),
+        "CONFIG_DIR": str(pod_dir),
+        "MAPS_DIR": str(pod_dir / "maps"),
+        "CERTS_DIR": str(pod_dir / "ssl"),
+        "GENERAL_DIR": str(pod_dir / "general"),
         "HAPROXY_BIN": str(binary),
-        "USER": DATAPLANE_USER,
-        "PASSWORD": password,
+        "DATAPLANE_USERNAME": DATAPLANE_USER,
+        "DATAPLANE_PASSWORD": password,
     }
-    (pod_dir / "haproxy.cfg").write_text(render_template("haproxy.cfg", values))
-    (pod_dir / "dataplaneapi.yaml").write_text(render_template("dataplaneapi.yaml", values))
+    (pod_dir / "haproxy.cfg").write_text(chart_file("haproxy-bootstrap.cfg", values))
+    (pod_dir / "dataplaneapi.yaml").write_text(chart_file("dataplaneapi.yaml", values))
     reload_script = pod_dir / "reload-haproxy.sh"
-    reload_script.write_text(render_template("reload-haproxy.sh", values))
+    reload_script.write_text(chart_file("reload-haproxy.sh", values))
     reload_script.chmod(0o755)
     env = {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
 
@@ -585,6 +610,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         otlp_ip = f"127.{net}.2.1"
         wanted = [(ip, DATAPLANE_PORT, f"pod haproxy-{i} Dataplane API") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, HAPROXY_HTTP_PORT, f"pod haproxy-{i} HAProxy") for i, ip in enumerate(pod_ips)]
+        wanted += [(ip, HAPROXY_HEALTH_PORT, f"pod haproxy-{i} HAProxy health") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, BACKEND_PORT, f"backend-{i}") for i, ip in enumerate(backend_ips)]
         wanted += [(otlp_ip, port, f"OpenTelemetry Collector OTLP/{proto}") for port, proto in OTLP_PORTS.items()]
         if not args.apiserver_port:
@@ -636,6 +662,10 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
     wait_until("kube-apiserver (with embedded etcd)", apiserver_log, kubeconfig.exists, args.ready_timeout, apiserver)
 
     kube = kube_from_kubeconfig(kubeconfig, apiserver_dir / "pki" / "ca.crt")
+    # kubelet's part: the pods' readiness probes, run for real, written to their status.
+    selector = ",".join(f"{key}={value}" for key, value in POD_LABELS.items())
+    sup.start("prober", [sys.executable, str(ENV_DIR / "prober.py"), str(kubeconfig),
+                         str(apiserver_dir / "pki" / "ca.crt"), selector], state_dir / "prober.log")
     kube.ensure_namespace(args.namespace)
     for pod in pods:
         kube.register_pod(args.namespace, pod)

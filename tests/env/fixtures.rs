@@ -27,7 +27,8 @@ pub async fn ghost_pod(client: &kube::Client, namespace: &str, name: &str, ip: &
     }))?;
     let created = pods.create(&PostParams::default(), &pod).await?;
     let status = json!({"status": {"phase": "Running", "podIP": ip,
-                                   "conditions": [{"type": "Ready", "status": "True"}]}});
+                                   "conditions": [{"type": "ContainersReady", "status": "True"},
+                                                  {"type": "Ready", "status": "True"}]}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
     created.metadata.uid.context("the API server gave the pod no UID")
 }

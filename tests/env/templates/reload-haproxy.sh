@@ -1,4 +1,0 @@
-#!/bin/sh
-# Reloads pod {{NAME}}'s HAProxy master. The Dataplane API runs this (without a shell of its
-# own) when it cannot reload through the master CLI, which is the case for HAProxy < 2.7.
-exec kill -USR2 "$(cat '{{POD_DIR}}/haproxy.pid')"
