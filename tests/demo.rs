@@ -9,12 +9,12 @@ mod env;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, Launch};
 use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn say(line: &str) {
     println!("demo: {line}");
@@ -43,11 +43,6 @@ async fn until_every_pod_answers(http: &reqwest::Client, env: &env::Manifest, ba
         }
     }
     Ok(())
-}
-
-async fn pods_view(api: &str) -> Result<Vec<Value>> {
-    let answer: Value = reqwest::get(format!("{api}/api/v1/pods")).await?.json().await?;
-    Ok(answer["pods"].as_array().cloned().unwrap_or_default())
 }
 
 #[tokio::test]
@@ -84,7 +79,7 @@ async fn demo() -> Result<()> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     let first = until_every_pod_answers(&http, env, "blue").await;
     if first.is_err() {
-        let pods = pods_view(&api).await.unwrap_or_default();
+        let pods = controller.pods_view().await.unwrap_or_default();
         first.with_context(|| format!("{pods:#?}\n{}", controller.log_tail()))?;
     }
 
@@ -96,22 +91,10 @@ async fn demo() -> Result<()> {
     let unknown = ask(&http, &env.pods[0].http_address, "nowhere.demo.example").await?;
     say(&format!("GET http://nowhere.demo.example/hello -> {unknown}"));
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let pods = loop {
-        let pods = pods_view(&api).await?;
-        if pods.len() == env.pods.len() && pods.iter().all(|p| p["state"] == "InSync") {
-            break pods;
-        }
-        if Instant::now() > deadline {
-            bail!("not every pod InSync: {pods:#?}\n{}", controller.log_tail());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let pods = controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(30)).await?;
     for pod in &pods {
-        say(&format!(
-            "{} is {} (its Dataplane API took every change, haptic's API shows it)",
-            pod["name"], pod["state"]
-        ));
+        let (name, state) = (pod["name"].as_str().unwrap_or("?"), pod["state"].as_str().unwrap_or("?"));
+        say(&format!("{name} is {state} in haptic's API (GET {api}/api/v1/pods)"));
     }
     say("done: the Ingress chose the backend, haptic deployed it through each pod's Dataplane API, HAProxy served it");
     Ok(())

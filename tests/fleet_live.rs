@@ -6,13 +6,13 @@ mod env;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail, ensure};
 use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
 use env::otlp::received_spans;
 use haptic::dataplane::PushMode;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 async fn metric(api: &str, line_start: &str) -> Result<f64> {
     let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
@@ -21,25 +21,6 @@ async fn metric(api: &str, line_start: &str) -> Result<f64> {
         .filter(|line| line.starts_with(line_start))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
-}
-
-async fn pods_view(api: &str) -> Result<Vec<Value>> {
-    let answer: Value = reqwest::get(format!("{api}/api/v1/pods")).await?.json().await?;
-    Ok(answer["pods"].as_array().cloned().unwrap_or_default())
-}
-
-async fn wait_all_in_sync(api: &str, count: usize, within: Duration) -> Result<Vec<Value>> {
-    let deadline = Instant::now() + within;
-    loop {
-        let pods = pods_view(api).await?;
-        if pods.len() == count && pods.iter().all(|p| p["state"] == "InSync") {
-            return Ok(pods);
-        }
-        if Instant::now() > deadline {
-            bail!("not every pod InSync within {within:?}: {pods:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn setup(test: &str) -> Result<(kube::Client, String)> {
@@ -81,7 +62,7 @@ async fn a_change_is_traced_through_validation_to_every_pod_and_metrics_follow_s
     let journal = dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;
     let api = controller.api_url().await?;
-    wait_all_in_sync(&api, env.pods.len(), Duration::from_secs(60)).await.with_context(|| controller.log_tail())?;
+    controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     let full_before = metric(&api, "haptic_deployments_total{kind=\"full\",result=\"ok\"}").await?;
     let reloads_before = metric(&api, "haptic_reloads_total").await?;
     ensure!(full_before >= env.pods.len() as f64, "one full sync per pod at least: {full_before}");
@@ -135,7 +116,7 @@ async fn a_change_is_traced_through_validation_to_every_pod_and_metrics_follow_s
         ensure!(Instant::now() < deadline, "the drift was not detected\n{}", controller.log_tail());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    wait_all_in_sync(&api, env.pods.len(), Duration::from_secs(30)).await?;
+    controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(30)).await?;
     let raw = dataplane.raw_configuration().await?.text;
     ensure!(raw.contains("backend ingress_traced"), "the drifted pod got the desired configuration back");
 
@@ -189,8 +170,7 @@ async fn a_new_leader_adopts_pods_in_sync_without_a_single_reload() -> Result<()
     let dir_a = tempfile::tempdir()?;
     let journal_a = dir_a.path().join("journal");
     let a = ControllerProcess::launch(env, &namespace, "test", dir_a, &journal_a, &election("a"))?;
-    let api_a = a.api_url().await?;
-    wait_all_in_sync(&api_a, env.pods.len(), Duration::from_secs(60)).await.with_context(|| a.log_tail())?;
+    a.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     let dir_b = tempfile::tempdir()?;
     let journal_b = dir_b.path().join("journal");
     let b = ControllerProcess::launch(env, &namespace, "test", dir_b, &journal_b, &election("b"))?;
@@ -202,7 +182,7 @@ async fn a_new_leader_adopts_pods_in_sync_without_a_single_reload() -> Result<()
     }
     let a_log = a.log_tail();
     drop(a.kill());
-    wait_all_in_sync(&api_b, env.pods.len(), Duration::from_secs(30)).await.with_context(|| b.log_tail())?;
+    b.wait_all_in_sync(env.pods.len(), Duration::from_secs(30)).await?;
     for (pod, before) in env.pods.iter().zip(writes) {
         let after = env.writes(pod).await?;
         ensure!(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use env::controller::{ControllerProcess, ensure_crd, ensure_haptic_crd};
 use haptic::config::HAProxyTemplateConfig;
+use haptic::dataplane::PushMode;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -229,9 +230,17 @@ async fn an_invalid_configuration_is_reported_and_the_previous_one_keeps_working
 #[tokio::test]
 async fn templates_see_the_ready_haproxy_pods_and_follow_their_readiness() -> Result<()> {
     let env = env::environment();
+    let _pods = env::exclusive_pods().await;
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
     ensure_widget_crd(&client).await?;
+    // Readiness comes from the pods' real probes (the environment's prober, as kubelet): a pod
+    // whose HAProxy answers its readiness port is Ready.
+    for (pod, backend) in env.pods.iter().zip(env.backends.iter().cycle()) {
+        let dataplane = env.dataplane(pod);
+        let version = dataplane.configuration_version().await?;
+        dataplane.push_raw(&env::config_routing_to(backend), version, PushMode::ForceReload).await?;
+    }
     let namespace = env.fresh_namespace(&client, "pods-context").await?;
     let template = "{% for p in pods %}pod {{ p.name }} {{ p.ip }}\n{% endfor %}";
     create_config(&client, &namespace, template).await?;
@@ -240,10 +249,9 @@ async fn templates_see_the_ready_haproxy_pods_and_follow_their_readiness() -> Re
     let all: Vec<String> = env.pods.iter().map(|p| format!("pod {} {}\n", p.name, p.ip)).collect();
     controller.wait_for_config("every registered pod", long, |cfg| cfg == all.concat()).await?;
 
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    // Its HAProxy back on the bootstrap configuration, the first pod fails its probe.
     let first = &env.pods[0];
-    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
-    pods.patch_status(&first.name, &PatchParams::default(), &Patch::Strategic(not_ready)).await?;
+    env.reset_to_bootstrap(first).await?;
     controller
         .wait_for_config("a pod that is no longer Ready", long, |cfg| {
             !cfg.contains(&format!("pod {} ", first.name)) && cfg.lines().count() == env.pods.len() - 1

@@ -212,6 +212,9 @@ fn write_error(error: DataplaneError) -> ActionError {
 impl PodActions for DataplaneActions {
     async fn verify(&self, pod: &PodTarget, known: Option<&StoredCopy>) -> Result<Reading, ActionError> {
         let client = self.client(pod)?;
+        // The version a write is checked against is the API's own, read first: the file's
+        // `_version` line can lag it (a failed reload puts an older file back, line and all).
+        let version = client.configuration_version().await.map_err(failed)?;
         let stored = client.raw_configuration().await.map_err(failed)?;
         let (config, copy) = recognise(&stored, known);
         let mut observed = vec![("haproxy.cfg".to_owned(), config)];
@@ -232,7 +235,7 @@ impl PodActions for DataplaneActions {
             let path = format!("certs/{name}");
             observed.push((path.clone(), Checksum::of(path.as_bytes())));
         }
-        Ok(Reading { observed, version: stored.version, copy })
+        Ok(Reading { observed, version, copy })
     }
 
     async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, ActionError> {

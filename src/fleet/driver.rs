@@ -430,8 +430,11 @@ impl<A: PodActions> PodDriver<A> {
 
     /// Steps the machine, journals the transition, and queues its actions, in that order.
     async fn apply(&mut self, event: &Event, pending: &mut VecDeque<Action>, retry_at: &mut Option<Instant>) {
+        let before = self.machine.clone();
         let step = self.machine.step(event);
-        if step.row.is_none() {
+        // A step that changes nothing and calls for nothing (a drift tick on a pod waiting for
+        // new files) is not a transition: journaling it would bury the reason the pod waits.
+        if step.row.is_none() || (self.machine == before && step.actions.is_empty()) {
             return;
         }
         count(event, &step);
@@ -881,6 +884,8 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(600)).await;
         let pushes = h.fake.calls().iter().filter(|c| *c == "push").count();
         assert_eq!(pushes, 2, "ten drift intervals later, no second try: {:?}", h.fake.calls());
+        let pod = h.journal.pod(&target().uid).unwrap().unwrap();
+        assert_eq!(pod.last_transition.reason, "ReloadFailed", "idle drift ticks do not bury the reason");
         h.fake.failing_reloads.store(false, Ordering::SeqCst);
         h.desired_tx.send(desired("c")).unwrap();
         h.until("new files deployed", |p| p.state == State::InSync && p.pushed == Some(desired("c").checksums.clone()))

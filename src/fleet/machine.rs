@@ -82,7 +82,8 @@ pub enum Event {
     /// The runtime patch did not read back as intended; a full sync follows.
     RuntimePatchMismatch,
     /// The pod's configuration version was not the one the action was based on: someone
-    /// wrote in between, so what the pod runs must be read again before anything is pushed.
+    /// wrote in between, so what the pod runs must be read again (after a backoff) before
+    /// anything is pushed.
     VersionConflict,
     /// HAProxy on the pod refused to reload with the pushed configuration; the Dataplane API
     /// put the last good file back and HAProxy still runs it. Like a rejected validation, the
@@ -253,7 +254,7 @@ pub const TABLE: &[Transition] = &[
     row(Syncing, E::Pushed, G::PushedIsDesired, InSync, &[]),
     row(Syncing, E::Pushed, G::PushedIsNotDesired, Validating, &[Validate]),
     row(Syncing, E::ReloadFailed, G::Always, Validating, &[RestoreFiles]),
-    row(Syncing, E::VersionConflict, G::Always, Unknown, &[Verify]),
+    row(Syncing, E::VersionConflict, G::Always, Unknown, &[ScheduleRetry]),
     row(Syncing, E::ActionFailed, G::Always, Syncing, &[ScheduleRetry]),
     row(Syncing, E::RetryDue, G::Always, Syncing, &[Push]),
     row(Syncing, E::DesiredChanged, G::Always, Validating, &[Validate]),
@@ -262,7 +263,7 @@ pub const TABLE: &[Transition] = &[
     row(RuntimePatching, E::RuntimePatched, G::PushedIsDesired, InSync, &[]),
     row(RuntimePatching, E::RuntimePatched, G::PushedIsNotDesired, Validating, &[Validate]),
     row(RuntimePatching, E::RuntimePatchMismatch, G::Always, Validating, &[Validate]),
-    row(RuntimePatching, E::VersionConflict, G::Always, Unknown, &[Verify]),
+    row(RuntimePatching, E::VersionConflict, G::Always, Unknown, &[ScheduleRetry]),
     row(RuntimePatching, E::ActionFailed, G::Always, RuntimePatching, &[ScheduleRetry]),
     row(RuntimePatching, E::RetryDue, G::Always, RuntimePatching, &[RuntimePatch]),
     row(RuntimePatching, E::DesiredChanged, G::PushedIsDesired, InSync, &[]),
@@ -387,11 +388,12 @@ impl PodMachine {
                 self.last_error = Some(error.clone());
                 self.attempts = self.attempts.saturating_add(1);
             }
-            Event::ValidationPassed
-            | Event::RuntimePatchMismatch
-            | Event::VersionConflict
-            | Event::RetryDue
-            | Event::DriftTick => {}
+            Event::VersionConflict => {
+                // Verified again after a backoff: a pod someone keeps writing is no hot loop.
+                self.last_error = Some("the pod's configuration version moved under the push: verifying again".into());
+                self.attempts = self.attempts.saturating_add(1);
+            }
+            Event::ValidationPassed | Event::RuntimePatchMismatch | Event::RetryDue | Event::DriftTick => {}
         }
         let kind = event.kind();
         let found = TABLE.iter().position(|t| t.from == from && t.on == kind && self.holds(t.guard));
@@ -537,7 +539,8 @@ mod tests {
         pod.step(&Event::Verified { observed: None });
         pod.step(&Event::ValidationPassed);
         let step = pod.step(&Event::VersionConflict);
-        assert_eq!((step.to, step.actions), (Unknown, vec![Verify]));
+        assert_eq!((step.to, step.actions), (Unknown, vec![ScheduleRetry]));
+        assert_eq!(pod.step(&Event::RetryDue).actions, [Verify]);
         let step = pod.step(&Event::Verified { observed: Some(files(1)) });
         assert_eq!((step.to, step.actions), (InSync, vec![]), "someone else pushed the desired files");
     }

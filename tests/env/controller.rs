@@ -206,6 +206,39 @@ impl ControllerProcess {
     pub fn log_path(&self) -> &Path {
         &self.log
     }
+
+    /// The pods as the HTTP API shows them (`/api/v1/pods`).
+    pub async fn pods_view(&self) -> Result<Vec<serde_json::Value>> {
+        let api = self.api_url().await?;
+        let answer: serde_json::Value = reqwest::get(format!("{api}/api/v1/pods")).await?.json().await?;
+        Ok(answer["pods"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Waits until the API shows `count` pods, each satisfying `done`; fails with what it shows.
+    pub async fn wait_for_pods(
+        &self,
+        what: &str,
+        count: usize,
+        within: Duration,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<Vec<serde_json::Value>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let pods = self.pods_view().await?;
+            if pods.len() == count && pods.iter().all(&done) {
+                return Ok(pods);
+            }
+            if Instant::now() > deadline {
+                bail!("{what}: not within {within:?}: {pods:#?}\n{}", self.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the API shows `count` pods, all InSync.
+    pub async fn wait_all_in_sync(&self, count: usize, within: Duration) -> Result<Vec<serde_json::Value>> {
+        self.wait_for_pods("every pod InSync", count, within, |pod| pod["state"] == "InSync").await
+    }
 }
 
 impl ControllerProcess {

@@ -500,7 +500,10 @@ def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Co
         "DATAPLANE_USERNAME": DATAPLANE_USER,
         "DATAPLANE_PASSWORD": password,
     }
-    (pod_dir / "haproxy.cfg").write_text(chart_file("haproxy-bootstrap.cfg", values))
+    bootstrap = chart_file("haproxy-bootstrap.cfg", values)
+    (pod_dir / "haproxy.cfg").write_text(bootstrap)
+    # Kept for tests that put a pod back to how it started.
+    (pod_dir / "bootstrap.cfg").write_text(bootstrap)
     (pod_dir / "dataplaneapi.yaml").write_text(chart_file("dataplaneapi.yaml", values))
     reload_script = pod_dir / "reload-haproxy.sh"
     reload_script.write_text(chart_file("reload-haproxy.sh", values))

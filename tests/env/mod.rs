@@ -154,6 +154,16 @@ impl EnvPod {
 }
 
 impl Manifest {
+    /// Puts a pod back to how it started, through its Dataplane API: the chart's bootstrap
+    /// configuration (503 everywhere, readiness included), reloaded at once.
+    pub async fn reset_to_bootstrap(&self, pod: &EnvPod) -> Result<()> {
+        let bootstrap = std::fs::read_to_string(pod.dir.join("bootstrap.cfg"))?;
+        let dataplane = self.dataplane(pod);
+        let version = dataplane.configuration_version().await?;
+        dataplane.push_raw(&bootstrap, version, haptic::dataplane::PushMode::ForceReload).await?;
+        Ok(())
+    }
+
     /// The writes a pod has had so far, to compare before and after.
     pub async fn writes(&self, pod: &EnvPod) -> Result<Writes> {
         let version = self.dataplane(pod).configuration_version().await?.0;

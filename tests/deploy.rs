@@ -1,0 +1,380 @@
+//! The live deploy path, pod state by pod state, against the environment's real Dataplane API
+//! v3.2.7 and real HAProxy 2.8 and 2.6 pods, with the real `haptic` binary (issue #11).
+//! Writes to a pod are counted from the pod itself: its configuration version (every write
+//! through the Dataplane API adds one) and its HAProxy master's own reload count.
+
+mod env;
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use env::Writes;
+use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
+use haptic::config::HAProxyTemplateConfig;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// A namespace of its own with the Dataplane credentials and a test configuration whose
+/// template is `template` (Ingresses of the namespace watched), drift checked every `drift`.
+async fn setup(test: &str, template: &str, drift: &str) -> Result<(kube::Client, String)> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, test).await?;
+    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    create_test_config(
+        &client,
+        &namespace,
+        json!({
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                                               "namespaces": [namespace]}},
+            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": drift},
+            "templates": {"haproxyConfig": template}
+        }),
+    )
+    .await?;
+    Ok((client, namespace))
+}
+
+/// A configuration routing to backend-0 that is this test's own (pods already running a render
+/// are adopted without a push), with one backend section per Ingress: a change only a reload
+/// applies.
+fn own_template(namespace: &str, extra: &str) -> String {
+    let env = env::environment();
+    format!(
+        "# test {namespace}\n{}{extra}{{% for i in resources.ingresses.list() %}}backend ingress_{{{{ i.metadata.name }}}}\n{{% endfor %}}",
+        env::config_routing_to(&env.backends[0])
+    )
+}
+
+async fn writes_of_every_pod() -> Result<Vec<Writes>> {
+    let env = env::environment();
+    let mut writes = Vec::new();
+    for pod in &env.pods {
+        writes.push(env.writes(pod).await?);
+    }
+    Ok(writes)
+}
+
+/// Asks every pod for `host` until each answers from `backend`.
+async fn every_pod_answers(env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    for pod in &env.pods {
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let url = format!("http://{}/hello", pod.http_address);
+            let answer = match http.get(&url).header("Host", host).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(error) => error.to_string(),
+            };
+            if answer.contains(&format!("backend={backend} ")) {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+fn launch(env: &env::Manifest, namespace: &str) -> Result<ControllerProcess> {
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    ControllerProcess::launch(env, namespace, "test", dir, &journal, &Launch::default())
+}
+
+#[tokio::test]
+async fn a_fresh_notready_pod_is_configured_becomes_ready_and_an_ingress_change_is_one_push_per_pod() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    for pod in &env.pods {
+        env.reset_to_bootstrap(pod).await?;
+    }
+    let client = env.kube_client().await?;
+    env::chart::apply_chart_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "fresh").await?;
+    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    // The prober (kubelet's part) finds them NotReady: their HAProxy says 503 on its readiness port.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let ready = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    // (A pod that was Ready turns NotReady after three failed probes, 2 s apart, as with kubelet.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pods.list(&Default::default()).await?.iter().any(ready) {
+        ensure!(Instant::now() < deadline, "a pod stayed Ready with the bootstrap configuration");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let work = tempfile::tempdir()?;
+    let address = own_address()?;
+    let _backends = start_backends(work.path(), &address, &[("blue".into(), 18300), ("green".into(), 18301)])?;
+    service_with_endpoints(&client, &namespace, "blue", &address, 18300).await?;
+    service_with_endpoints(&client, &namespace, "green", &address, 18301).await?;
+    apply_library_config_for_pods(&client, &namespace, "fresh").await?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let rule = |service: &str| {
+        json!({"host": "shop.fresh.example", "http": {"paths": [
+            {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": service, "port": {"number": 80}}}}]}})
+    };
+    let ingress = serde_json::from_value(json!({"metadata": {"name": "shop"},
+        "spec": {"ingressClassName": "haproxy", "rules": [rule("blue")]}}))?;
+    ingresses.create(&PostParams::default(), &ingress).await?;
+
+    let controller = ControllerProcess::launch(
+        env,
+        &namespace,
+        "haptic",
+        tempfile::tempdir()?,
+        &work.path().join("journal"),
+        &Launch::default(),
+    )?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let deadline = Instant::now() + WITHIN;
+    while !pods.list(&Default::default()).await?.iter().all(ready) {
+        ensure!(Instant::now() < deadline, "the configured pods did not turn Ready\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    every_pod_answers(env, "shop.fresh.example", "blue").await?;
+
+    // The Service behind the route changes: its servers take the same slots, so every pod gets
+    // one write and no reload (a runtime change).
+    let before = writes_of_every_pod().await?;
+    ingresses
+        .patch("shop", &PatchParams::default(), &Patch::Merge(json!({"spec": {"rules": [rule("green")]}})))
+        .await?;
+    every_pod_answers(env, "shop.fresh.example", "green").await?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let after = writes_of_every_pod().await?;
+    for ((pod, before), after) in env.pods.iter().zip(&before).zip(&after) {
+        ensure!(
+            after.version == before.version + 1 && after.reloads == before.reloads,
+            "{}: a Service switch should be one write and no reload: {before:?} → {after:?}",
+            pod.name
+        );
+    }
+    // A new host with a new backend: one raw push and one reload per pod.
+    let before = after;
+    let second = serde_json::from_value(json!({"metadata": {"name": "blog"},
+        "spec": {"ingressClassName": "haproxy", "rules": [
+            {"host": "blog.fresh.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+             "backend": {"service": {"name": "blue", "port": {"number": 80}}}}]}}]}}))?;
+    ingresses.create(&PostParams::default(), &second).await?;
+    every_pod_answers(env, "blog.fresh.example", "blue").await?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let after = writes_of_every_pod().await?;
+    for ((pod, before), after) in env.pods.iter().zip(&before).zip(&after) {
+        ensure!(
+            after.version == before.version + 1 && after.reloads == before.reloads + 1,
+            "{}: a new host should be one raw push and one reload: {before:?} → {after:?}",
+            pod.name
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restarted_controller_writes_nothing_to_pods_in_sync() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let namespace_hint = format!("restart-{}", std::process::id());
+    let (_client, namespace) = setup("restart", &own_template(&namespace_hint, ""), "60s").await?;
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    let first = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &Launch::default())?;
+    first.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let before = writes_of_every_pod().await?;
+    let dir = first.kill();
+
+    let started = Instant::now();
+    let second = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &Launch::default())?;
+    // InSync again by a verification of this run, not by the record the first one left.
+    let pods = second
+        .wait_for_pods("every pod verified InSync after the restart", env.pods.len(), WITHIN, |pod| {
+            pod["state"] == "InSync" && pod["lastTransition"]["reason"] == "Verified"
+        })
+        .await?;
+    let took = started.elapsed();
+    let after = writes_of_every_pod().await?;
+    ensure!(after == before, "a restart wrote to pods in sync: {before:?} → {after:?}\n{}", second.log_tail());
+    let opened = log_time(&second.log_text(), "journal opened").context("no `journal opened` line")?;
+    for pod in &pods {
+        let at = pod["lastTransition"]["at"].as_str().context("a transition time")?;
+        let at = at.parse::<k8s_openapi::jiff::Timestamp>().with_context(|| format!("transition time {at}"))?;
+        let after_open = at.duration_since(opened);
+        ensure!(
+            after_open < k8s_openapi::jiff::SignedDuration::from_secs(1),
+            "{}: InSync {after_open:?} after the journal was opened",
+            pod["name"]
+        );
+    }
+    println!("restart: every pod verified InSync {took:?} after launch, 0 writes");
+    Ok(())
+}
+
+/// The time of the first log line containing `what`.
+fn log_time(log: &str, what: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    log.lines().find(|line| line.contains(what))?.split_whitespace().next()?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_hand_push_to_one_pod_is_undone_within_a_drift_interval_and_the_others_get_no_write() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("drift-{}", std::process::id());
+    let (_client, namespace) = setup("drift", &own_template(&hint, ""), "3s").await?;
+    let controller = launch(env, &namespace)?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let before = writes_of_every_pod().await?;
+    let drifted = &env.pods[0];
+    let dataplane = env.dataplane(drifted);
+    let version = dataplane.configuration_version().await?;
+    dataplane
+        .push_raw(&env::config_routing_to(&env.backends[1]), version, haptic::dataplane::PushMode::ForceReload)
+        .await?;
+    let pushed_by_hand = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = dataplane.raw_configuration().await?.text;
+        if text.contains(&format!("# test {hint}")) {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the hand push was not undone\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let undone = pushed_by_hand.elapsed();
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    ensure!(undone < Duration::from_secs(3) + Duration::from_secs(2), "undone only after {undone:?} (interval 3 s)");
+    let after = writes_of_every_pod().await?;
+    for (index, (before, after)) in before.iter().zip(&after).enumerate().skip(1) {
+        ensure!(before == after, "{}: a pod that did not drift was written to", env.pods[index].name);
+    }
+    println!("drift: undone {undone:?} after the hand push (interval 3 s)");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_changes_no_pod_says_haproxys_message_and_a_fix_deploys() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("invalid-{}", std::process::id());
+    let (client, namespace) = setup("invalid", &own_template(&hint, ""), "60s").await?;
+    let controller = launch(env, &namespace)?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let before = writes_of_every_pod().await?;
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    // Line 3 of the render is HAProxy's to refuse.
+    let broken = format!("# test {hint}\nglobal\n    no-such-keyword 42\n");
+    let patch = |template: &str| Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": template}}}));
+    configs.patch("test", &PatchParams::default(), &patch(&broken)).await?;
+    let deadline = Instant::now() + WITHIN;
+    let condition = loop {
+        let status = configs.get_status("test").await?.status.unwrap_or_default();
+        if let Some(c) = status.conditions.iter().find(|c| c.type_ == "Validated" && c.status == "False") {
+            break c.clone();
+        }
+        ensure!(Instant::now() < deadline, "no Validated=False condition: {status:?}\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    ensure!(condition.message.contains("no-such-keyword"), "HAProxy's message: {}", condition.message);
+    ensure!(condition.message.contains(":3]"), "the render's own line 3: {}", condition.message);
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let event = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|e| {
+            e.type_.as_deref() == Some("Warning") && e.note.as_deref().is_some_and(|n| n.contains("no-such-keyword"))
+        })
+        .context("no Warning Event quoting HAProxy")?;
+    ensure!(event.note.as_deref().is_some_and(|n| n.contains(":3]")), "{:?}", event.note);
+    ensure!(writes_of_every_pod().await? == before, "a refused configuration changed a pod");
+
+    configs.patch("test", &PatchParams::default(), &patch(&own_template(&format!("{hint}-fixed"), ""))).await?;
+    controller
+        .wait_for_pods("the fix deployed", env.pods.len(), WITHIN, |pod| {
+            pod["state"] == "InSync" && pod["lastTransition"]["reason"] == "Pushed"
+        })
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reload_that_fails_on_one_pod_leaves_it_serving_its_last_good_files_and_it_is_not_pushed_again() -> Result<()>
+{
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("reload-{}", std::process::id());
+    let (client, namespace) = setup("reload-fails", &own_template(&hint, ""), "2s").await?;
+    let controller = launch(env, &namespace)?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    // A valid configuration with an extra listener whose address is taken on pod 0 only.
+    let victim = &env.pods[0];
+    let _taken = TcpListener::bind((victim.ip.as_str(), 18480)).context("taking the port on pod 0")?;
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let with_listener = own_template(&hint, "frontend extra\n    bind \"${POD_IP}:18480\"\n    default_backend app\n");
+    configs
+        .patch(
+            "test",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": with_listener}}})),
+        )
+        .await?;
+    let others = env.pods.len() - 1;
+    let deadline = Instant::now() + WITHIN;
+    let failed = loop {
+        let pods = controller.pods_view().await?;
+        let failed =
+            pods.iter().find(|p| p["name"] == victim.name.as_str() && p["lastTransition"]["reason"] == "ReloadFailed");
+        let synced = pods.iter().filter(|p| p["name"] != victim.name.as_str() && p["state"] == "InSync").count();
+        if let Some(failed) = failed
+            && synced == others
+        {
+            break failed.clone();
+        }
+        ensure!(Instant::now() < deadline, "no ReloadFailed on {}: {pods:#?}\n{}", victim.name, controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let error = failed["lastError"].as_str().unwrap_or_default();
+    ensure!(error.contains("cannot bind socket") || error.contains("Address already in use"), "{error}");
+    // It serves its last good files, and is left alone over several drift intervals.
+    let text = env.dataplane(victim).raw_configuration().await?.text;
+    ensure!(!text.contains("frontend extra"), "the pod kept the refused file");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    env::get_until_answered_by(&http, &victim.http_address, &env.backends[0].name).await?;
+    let before = env.writes(victim).await?;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let after = env.writes(victim).await?;
+    ensure!(after == before, "the refused files were pushed again: {before:?} → {after:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_template_without_a_final_newline_or_with_crlf_is_in_sync_after_one_push() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("newline-{}", std::process::id());
+    let crlf = own_template(&hint, "").replace('\n', "\r\n");
+    let template = crlf.trim_end().to_owned();
+    let (_client, namespace) = setup("newline", &template, "2s").await?;
+    let controller = launch(env, &namespace)?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let before = writes_of_every_pod().await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Three drift checks later: still the same files, found as pushed, never pushed again.
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    ensure!(writes_of_every_pod().await? == before, "a pod drifted forever: re-pushed\n{}", controller.log_tail());
+    Ok(())
+}
