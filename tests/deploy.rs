@@ -158,6 +158,16 @@ async fn a_fresh_notready_pod_is_configured_becomes_ready_and_an_ingress_change_
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     let after = writes_of_every_pod().await?;
     for ((pod, before), after) in env.pods.iter().zip(&before).zip(&after) {
+        if pod.haproxy_version.starts_with("2.6") {
+            // Dataplane API v3.2.7 answers 404 when asked for a server of HAProxy 2.6 it just
+            // patched: unconfirmed, the patch is followed by a full sync (one more write, a reload).
+            ensure!(
+                after.version <= before.version + 2 && after.reloads == before.reloads + 1,
+                "{}: an unconfirmed runtime patch should end in one full sync: {before:?} → {after:?}",
+                pod.name
+            );
+            continue;
+        }
         ensure!(
             after.version == before.version + 1 && after.reloads == before.reloads,
             "{}: a Service switch should be one write and no reload: {before:?} → {after:?}",
@@ -376,5 +386,111 @@ async fn a_template_without_a_final_newline_or_with_crlf_is_in_sync_after_one_pu
     // Three drift checks later: still the same files, found as pushed, never pushed again.
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     ensure!(writes_of_every_pod().await? == before, "a pod drifted forever: re-pushed\n{}", controller.log_tail());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_pod_whose_dataplane_api_is_down_holds_up_no_other_and_catches_up_when_it_returns() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("down-{}", std::process::id());
+    let (client, namespace) = setup("dataplane-down", &own_template(&hint, ""), "60s").await?;
+    let controller = launch(env, &namespace)?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let down = &env.pods[1];
+    env.dataplane_process(down, "stop")?;
+    let restart = Restart { env, pod: down };
+    // A change while it is down: the others deploy it as if nothing were wrong.
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let ingress = serde_json::from_value(json!({"metadata": {"name": "while-down"},
+        "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}}))?;
+    ingresses.create(&PostParams::default(), &ingress).await?;
+    for pod in env.pods.iter().filter(|p| p.name != down.name) {
+        let dataplane = env.dataplane(pod);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !dataplane.raw_configuration().await?.text.contains("backend ingress_while-down") {
+            ensure!(Instant::now() < deadline, "{} did not get the change\n{}", pod.name, controller.log_tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let view = controller.pods_view().await?;
+    let failing = view.iter().find(|p| p["name"] == down.name.as_str()).context("the down pod in the API")?;
+    ensure!(failing["state"] != "InSync", "a pod whose Dataplane API is down shows InSync: {failing:#}");
+    drop(restart);
+    // Back: it catches up (retries back off to 2, 4, 8 s; well within the minute).
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    ensure!(
+        env.dataplane(down).raw_configuration().await?.text.contains("backend ingress_while-down"),
+        "the returned pod did not catch up"
+    );
+    Ok(())
+}
+
+/// Starts a stopped Dataplane API again when dropped, so a failing test leaves no pod down.
+struct Restart<'a> {
+    env: &'a env::Manifest,
+    pod: &'a env::EnvPod,
+}
+
+impl Drop for Restart<'_> {
+    fn drop(&mut self) {
+        if let Err(error) = self.env.dataplane_process(self.pod, "start") {
+            eprintln!("could not start {}'s Dataplane API again: {error:#}", self.pod.name);
+        }
+    }
+}
+
+#[tokio::test]
+async fn killed_ten_times_during_deployment_every_pod_converges_with_no_leftovers() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("killed-{}", std::process::id());
+    let (client, namespace) = setup("killed", &own_template(&hint, ""), "60s").await?;
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    let mut dir = Some(dir);
+    let mut last_seq: std::collections::BTreeMap<String, u64> = Default::default();
+    for round in 0..10u64 {
+        // Each round wants new files: a new configuration and a new map.
+        let spec = json!({"spec": {"templates": {
+            "haproxyConfig": own_template(&format!("{hint}-{round}"), ""),
+            "maps": {"round.map": format!("round {round}\n")}
+        }}});
+        configs.patch("test", &PatchParams::default(), &Patch::Merge(spec)).await?;
+        let controller = ControllerProcess::launch(
+            env,
+            &namespace,
+            "test",
+            dir.take().context("dir")?,
+            &journal,
+            &Launch::default(),
+        )?;
+        // Killed at a different moment each round: from before the first push to mid-deployment.
+        tokio::time::sleep(Duration::from_millis(150 + 120 * round)).await;
+        dir = Some(controller.kill());
+        let (opened, _) = haptic::journal::Journal::open(&journal, 100)?;
+        for pod in opened.pods()? {
+            let seq = pod.last_transition.seq;
+            let before = last_seq.insert(pod.uid.0.clone(), seq).unwrap_or(0);
+            ensure!(seq >= before, "{}: transition numbers went backwards ({before} → {seq})", pod.name);
+        }
+    }
+    let controller =
+        ControllerProcess::launch(env, &namespace, "test", dir.take().context("dir")?, &journal, &Launch::default())?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    for pod in &env.pods {
+        let text = env.dataplane(pod).raw_configuration().await?.text;
+        ensure!(text.contains(&format!("# test {hint}-9")), "{} did not converge", pod.name);
+        let maps: Vec<_> =
+            std::fs::read_dir(pod.dir.join("maps"))?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        ensure!(maps == ["round.map"], "{}: validation leftovers in its maps: {maps:?}", pod.name);
+        let map = std::fs::read_to_string(pod.dir.join("maps/round.map"))?;
+        ensure!(map == "round 9\n", "{}: the map is not the last round's: {map:?}", pod.name);
+        for leftovers in ["general", "ssl"] {
+            let entries = std::fs::read_dir(pod.dir.join(leftovers))?.count();
+            ensure!(entries == 0, "{}: {entries} leftover files in {leftovers}", pod.name);
+        }
+    }
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::driver::{ActionError, Desired, PodActions, PodTarget, Reading, StoredCopy, Validation};
+use super::driver::{ActionError, Desired, Patched, PodActions, PodTarget, Reading, StoredCopy, Validation};
 use crate::dataplane::{
     ConfigVersion, Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId,
     ReloadStatus, StorageKind, StoredConfig,
@@ -127,10 +127,21 @@ pub fn stored_checksum(stored: &StoredConfig) -> Checksum {
 /// What a stored configuration is, as the machine compares it: the render its marker names,
 /// unless haptic knows that push stored differently (the file was changed since, keeping the
 /// marker); otherwise the checksum of the text itself, which no render has.
-pub fn recognise(stored: &StoredConfig, known: Option<&StoredCopy>) -> (Checksum, Option<StoredCopy>) {
+///
+/// With `only_known`, a render other than the known one is not taken on its marker's word: a
+/// runtime patch that was cut short wrote its file, but the running HAProxy may not show it.
+pub fn recognise(
+    stored: &StoredConfig,
+    known: Option<&StoredCopy>,
+    only_known: bool,
+) -> (Checksum, Option<StoredCopy>) {
     let layout = stored_checksum(stored);
+    let trusted = |render: Checksum| match known {
+        Some(known) if known.render == render => known.stored == layout,
+        _ => !only_known,
+    };
     match claimed_render(stored) {
-        Some(render) if known.is_none_or(|known| known.render != render || known.stored == layout) => {
+        Some(render) if trusted(render) => {
             (render, Some(StoredCopy { render, stored: layout, version: stored.version }))
         }
         _ => (Checksum::of(stored.text.as_bytes()), None),
@@ -210,13 +221,18 @@ fn write_error(error: DataplaneError) -> ActionError {
 }
 
 impl PodActions for DataplaneActions {
-    async fn verify(&self, pod: &PodTarget, known: Option<&StoredCopy>) -> Result<Reading, ActionError> {
+    async fn verify(
+        &self,
+        pod: &PodTarget,
+        known: Option<&StoredCopy>,
+        only_known: bool,
+    ) -> Result<Reading, ActionError> {
         let client = self.client(pod)?;
         // The version a write is checked against is the API's own, read first: the file's
         // `_version` line can lag it (a failed reload puts an older file back, line and all).
         let version = client.configuration_version().await.map_err(failed)?;
         let stored = client.raw_configuration().await.map_err(failed)?;
-        let (config, copy) = recognise(&stored, known);
+        let (config, copy) = recognise(&stored, known, only_known);
         let mut observed = vec![("haproxy.cfg".to_owned(), config)];
         for kind in [StorageKind::Maps, StorageKind::General] {
             let mut names = client.list_storage(kind).await.map_err(failed)?;
@@ -270,7 +286,9 @@ impl PodActions for DataplaneActions {
         let client = self.client(pod)?;
         let render = render_checksum(desired);
         let config = with_render_marker(&desired.files.haproxy_cfg.content, &render);
-        let stored = match client.push_raw(&config, base, PushMode::Reload).await.map_err(write_error)? {
+        // Reloaded at once, not on the API's next reload tick (up to `reload_delay`, 1 s in the
+        // chart, later): haptic already coalesces changes into one push per pod.
+        let stored = match client.push_raw(&config, base, PushMode::ForceReload).await.map_err(write_error)? {
             PushOutcome::ReloadQueued(id, stored) => {
                 wait_for_reload(&client, &id).await?;
                 stored
@@ -298,7 +316,7 @@ impl PodActions for DataplaneActions {
         desired: &Desired,
         actions: &[RuntimeAction],
         base: ConfigVersion,
-    ) -> Result<Option<StoredCopy>, ActionError> {
+    ) -> Result<Patched, ActionError> {
         let client = self.client(pod)?;
         let header = runtime_actions_header(actions);
         let render = render_checksum(desired);
@@ -314,18 +332,26 @@ impl PodActions for DataplaneActions {
             // than retrying something that cannot work.
             Err(error @ (DataplaneError::InvalidConfiguration { .. } | DataplaneError::UnexpectedStatus { .. })) => {
                 tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
-                return Ok(None);
+                return Ok(Patched::NotTaken(None));
             }
             Err(error) => return Err(failed(error)),
         };
-        // Read the running HAProxy back: a patch that did not take is a full sync.
+        // Read the running HAProxy back: a patch that did not take, or cannot be read back
+        // (v3.2.7 answers 404 for a server of HAProxy 2.6 it just patched), is a full sync.
         for action in actions {
-            if !runtime_state_matches(&client, action).await.map_err(failed)? {
-                tracing::warn!(pod = %pod.name, %action, "the runtime does not show a patched value; full sync");
-                return Ok(None);
+            match runtime_state_matches(&client, action).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(pod = %pod.name, %action, "the runtime does not show a patched value; full sync");
+                    return Ok(Patched::NotTaken(Some(stored.version)));
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pod.name, %action, %error, "a patched value cannot be read back; full sync");
+                    return Ok(Patched::NotTaken(Some(stored.version)));
+                }
             }
         }
-        Ok(Some(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version }))
+        Ok(Patched::Taken(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version }))
     }
 
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
@@ -365,13 +391,14 @@ mod tests {
         // The API's layout (as v3.2.7 stored it): its own indentation and header lines, and the
         // trailing marker kept inside the last section, indented.
         let on_pod = stored(4, &format!("\nglobal\n  maxconn 10\n  {RENDER_MARKER}{render}\n"));
-        let (observed, copy) = recognise(&on_pod, None);
+        let (observed, copy) = recognise(&on_pod, None, false);
         assert_eq!(observed, render);
         let copy = copy.unwrap();
         assert_eq!((copy.render, copy.version), (render, ConfigVersion(4)));
         // The same file at another version (a later write of the same text) is the same push.
         assert_eq!(
-            recognise(&stored(9, &format!("\nglobal\n  maxconn 10\n  {RENDER_MARKER}{render}\n")), Some(&copy)).0,
+            recognise(&stored(9, &format!("\nglobal\n  maxconn 10\n  {RENDER_MARKER}{render}\n")), Some(&copy), false)
+                .0,
             render
         );
     }
@@ -379,15 +406,26 @@ mod tests {
     #[test]
     fn a_file_changed_since_its_push_is_not_that_push_even_with_the_marker() {
         let render = Checksum::of(b"r");
-        let (_, copy) = recognise(&stored(4, &format!("{RENDER_MARKER}{render}\nglobal\n  maxconn 10\n")), None);
+        let (_, copy) = recognise(&stored(4, &format!("{RENDER_MARKER}{render}\nglobal\n  maxconn 10\n")), None, false);
         // Edited through the API's fine-grained endpoints: the marker stays, the file changed.
         let edited = stored(5, &format!("{RENDER_MARKER}{render}\nglobal\n  maxconn 99\n"));
-        let (observed, recognised) = recognise(&edited, copy.as_ref());
+        let (observed, recognised) = recognise(&edited, copy.as_ref(), false);
         assert_ne!(observed, render);
         assert_eq!(recognised, None);
         // Without the marker (a file pushed by hand, the bootstrap file) it is nobody's push.
-        let (observed, recognised) = recognise(&stored(2, "global\n"), copy.as_ref());
+        let (observed, recognised) = recognise(&stored(2, "global\n"), copy.as_ref(), false);
         assert!(observed != render && recognised.is_none());
+    }
+
+    #[test]
+    fn after_a_runtime_patch_cut_short_only_the_known_push_is_taken_on_its_marker() {
+        let (old, new) = (Checksum::of(b"old"), Checksum::of(b"new"));
+        let (_, known) = recognise(&stored(4, &format!("global\n  {RENDER_MARKER}{old}\n")), None, false);
+        // The patch wrote the new file; whether HAProxy took its actions is unknown.
+        let written = stored(5, &format!("global\n  maxconn 9\n  {RENDER_MARKER}{new}\n"));
+        assert_eq!(recognise(&written, known.as_ref(), false).0, new, "normally the marker is believed");
+        let (observed, copy) = recognise(&written, known.as_ref(), true);
+        assert!(observed != new && copy.is_none(), "in doubt, a full sync makes it certain");
     }
 
     #[test]
@@ -439,24 +477,11 @@ mod request_shapes {
         Mock::given(method("POST"))
             .and(path(format!("{base}/configuration/raw")))
             .and(query_param("version", "4"))
-            // As v3.2.7 answers: the file as it now stores it, and the queued reload.
+            .and(query_param("force_reload", "true"))
+            // As v3.2.7 answers a forced reload: done, with the file as it now stores it.
             .respond_with(
-                ResponseTemplate::new(202)
-                    .insert_header("Reload-ID", "2026-12-02-1")
-                    .set_body_raw("# _md5hash=aa\n# _version=5\nglobal\n", "text/plain"),
+                ResponseTemplate::new(201).set_body_raw("# _md5hash=aa\n# _version=5\nglobal\n", "text/plain"),
             )
-            .mount(&server)
-            .await;
-        // Waiting its turn, v3.2.7 names no id; then it succeeds.
-        Mock::given(method("GET"))
-            .and(path(format!("{base}/reloads/2026-12-02-1")))
-            .respond_with(json(r#"{"status":"in_progress"}"#))
-            .up_to_n_times(1)
-            .mount(&server)
-            .await;
-        Mock::given(method("GET"))
-            .and(path(format!("{base}/reloads/2026-12-02-1")))
-            .respond_with(json(r#"{"id":"2026-12-02-1","status":"succeeded"}"#))
             .mount(&server)
             .await;
         Mock::given(method("GET"))
@@ -525,8 +550,6 @@ mod request_shapes {
                 "POST /storage/maps",
                 "POST /configuration/raw",
                 "POST /configuration/raw",
-                "GET /reloads/2026-12-02-1",
-                "GET /reloads/2026-12-02-1",
                 "GET /storage/maps",
                 "DELETE /storage/maps/old.map",
                 "GET /storage/general",
@@ -594,7 +617,10 @@ mod request_shapes {
             },
             RuntimeAction::SetState { backend: "be_web".into(), server: "srv2".into(), ready: false },
         ];
-        let copy = actions.runtime_patch(&pod, &desired, &patch, ConfigVersion(9)).await.unwrap().unwrap();
+        let Patched::Taken(copy) = actions.runtime_patch(&pod, &desired, &patch, ConfigVersion(9)).await.unwrap()
+        else {
+            panic!("the patch read back as intended")
+        };
         assert_eq!(copy.version, ConfigVersion(10));
 
         // A value the runtime does not show is no patch: the machine falls back to a full sync.
@@ -610,7 +636,11 @@ mod request_shapes {
             .respond_with(stored())
             .mount(&server)
             .await;
-        assert_eq!(actions.runtime_patch(&pod, &desired, &not_taken, ConfigVersion(9)).await.unwrap(), None);
+        assert_eq!(
+            actions.runtime_patch(&pod, &desired, &not_taken, ConfigVersion(9)).await.unwrap(),
+            Patched::NotTaken(Some(ConfigVersion(10))),
+            "written at version 10, but not taken"
+        );
 
         // A refused patch is no patch either, not an endless retry.
         let refused =
@@ -621,6 +651,9 @@ mod request_shapes {
             .respond_with(ResponseTemplate::new(422).set_body_raw(r#"{"message":"no"}"#, "application/json"))
             .mount(&server)
             .await;
-        assert_eq!(actions.runtime_patch(&pod, &desired, &refused, ConfigVersion(9)).await.unwrap(), None);
+        assert_eq!(
+            actions.runtime_patch(&pod, &desired, &refused, ConfigVersion(9)).await.unwrap(),
+            Patched::NotTaken(None)
+        );
     }
 }

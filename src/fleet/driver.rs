@@ -113,6 +113,16 @@ pub struct Reading {
     pub copy: Option<StoredCopy>,
 }
 
+/// What a runtime patch came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Patched {
+    /// Written, applied and read back as intended.
+    Taken(StoredCopy),
+    /// Not applied as intended: a full sync follows. The file may have been written all the
+    /// same, at this configuration version when it is known.
+    NotTaken(Option<ConfigVersion>),
+}
+
 /// Why an action did not complete.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ActionError {
@@ -135,11 +145,14 @@ impl fmt::Display for ActionError {
 /// What actions do to a pod.
 pub trait PodActions: Send + Sync + 'static {
     /// Reads what the pod runs. `known` is the last push to this pod haptic knows of, so that a
-    /// file changed since (whatever still claims to be that push) is not taken for it.
+    /// file changed since (whatever still claims to be that push) is not taken for it; with
+    /// `only_known`, no other push is taken on its file's word either (a runtime patch was cut
+    /// short: its file may be there without its effect).
     fn verify(
         &self,
         pod: &PodTarget,
         known: Option<&StoredCopy>,
+        only_known: bool,
     ) -> impl Future<Output = Result<Reading, ActionError>> + Send;
     /// Uploads changed auxiliary files and validates the configuration on the pod.
     fn validate(
@@ -156,15 +169,15 @@ pub trait PodActions: Send + Sync + 'static {
         base: ConfigVersion,
     ) -> impl Future<Output = Result<StoredCopy, ActionError>> + Send;
     /// Applies a runtime-only change (the new files written without a reload on top of `base`,
-    /// `actions` through the Runtime API) and reads it back: `Ok(None)` when it did not take,
-    /// so a full sync follows.
+    /// `actions` through the Runtime API) and reads it back; when it did not take, a full sync
+    /// follows.
     fn runtime_patch(
         &self,
         pod: &PodTarget,
         desired: &Desired,
         actions: &[RuntimeAction],
         base: ConfigVersion,
-    ) -> impl Future<Output = Result<Option<StoredCopy>, ActionError>> + Send;
+    ) -> impl Future<Output = Result<Patched, ActionError>> + Send;
     /// Puts back the auxiliary files uploaded for a rejected configuration.
     fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
 }
@@ -202,6 +215,10 @@ pub struct PodDriver<A: PodActions> {
     /// The configuration version last read from the pod or left by a push: the base of the
     /// next write, so that a write by anyone else in between is a conflict, not overwritten.
     base_version: Option<ConfigVersion>,
+    /// A runtime patch was cut short (or the journal says one was in flight when the controller
+    /// stopped): the pod's file may claim files whose runtime changes never took, so only a
+    /// full sync settles it.
+    patch_in_doubt: bool,
 }
 
 /// What started a burst of work on a pod, as traces name it.
@@ -234,6 +251,7 @@ impl<A: PodActions> PodDriver<A> {
         // What a push left on the pod stays evidence whoever made it: a file still stored
         // exactly as that push left it runs that push.
         let copy = record.as_ref().and_then(|record| record.copy);
+        let patch_in_doubt = record.as_ref().is_some_and(|record| record.state == State::RuntimePatching);
         let (pushed, seq) = match record {
             Some(record) if record.last_transition.term == settings.term => (record.pushed, record.last_transition.seq),
             Some(record) => {
@@ -258,6 +276,7 @@ impl<A: PodActions> PodDriver<A> {
             runtime_actions: Vec::new(),
             copy,
             base_version: None,
+            patch_in_doubt,
         }
     }
 
@@ -361,14 +380,17 @@ impl<A: PodActions> PodDriver<A> {
         let desired = &self.desired;
         let failed = |error: ActionError| match error {
             ActionError::Failed(error) => Event::ActionFailed { error },
-            ActionError::VersionConflict(_) => Event::VersionConflict,
+            ActionError::VersionConflict(detail) => {
+                warn!(pod = %pod.name, %detail, "configuration version conflict: the pod is read again");
+                Event::VersionConflict
+            }
             ActionError::ReloadFailed(error) => Event::ReloadFailed { error },
         };
         // A write goes on top of the version last seen; never seen (a retry after a failed
         // read, say) means read it first.
         let base = self.base_version.ok_or_else(|| ActionError::VersionConflict("no version read yet".into()));
         Some(match action {
-            Action::Verify => match self.actions.verify(pod, self.copy.as_ref()).await {
+            Action::Verify => match self.actions.verify(pod, self.copy.as_ref(), self.patch_in_doubt).await {
                 Ok(reading) => {
                     self.base_version = Some(reading.version);
                     if reading.copy.is_some() {
@@ -387,6 +409,7 @@ impl<A: PodActions> PodDriver<A> {
                 Ok(copy) => {
                     self.base_version = Some(copy.version);
                     self.copy = Some(copy);
+                    self.patch_in_doubt = false;
                     Event::Pushed { pushed: desired.checksums.clone() }
                 }
                 Err(error) => {
@@ -400,20 +423,24 @@ impl<A: PodActions> PodDriver<A> {
             },
             Action::RuntimePatch => {
                 match async { self.actions.runtime_patch(pod, desired, &self.runtime_actions, base?).await }.await {
-                    Ok(Some(copy)) => {
+                    Ok(Patched::Taken(copy)) => {
                         self.base_version = Some(copy.version);
                         self.copy = Some(copy);
+                        self.patch_in_doubt = false;
                         Event::RuntimePatched { pushed: desired.checksums.clone() }
                     }
-                    Ok(None) => {
-                        // The file may have been written: read the version again before a push.
-                        self.base_version = None;
+                    Ok(Patched::NotTaken(written_at)) => {
+                        // The file may claim the new render without its effect: only the full
+                        // sync that follows may settle it, on top of the version it left.
+                        self.base_version = written_at;
+                        self.patch_in_doubt = true;
                         Event::RuntimePatchMismatch
                     }
                     Err(error) => {
                         if !matches!(error, ActionError::Failed(_)) {
                             self.base_version = None;
                         }
+                        self.patch_in_doubt = true;
                         failed(error)
                     }
                 }
@@ -656,7 +683,7 @@ mod tests {
     }
 
     impl PodActions for FakePod {
-        async fn verify(&self, _: &PodTarget, _: Option<&StoredCopy>) -> Result<Reading, ActionError> {
+        async fn verify(&self, _: &PodTarget, _: Option<&StoredCopy>, _: bool) -> Result<Reading, ActionError> {
             self.call("verify");
             let observed = self.runs.lock().unwrap().clone().unwrap_or_default();
             Ok(Reading { observed, version: ConfigVersion(1), copy: None })
@@ -689,10 +716,10 @@ mod tests {
             desired: &Desired,
             actions: &[RuntimeAction],
             _: ConfigVersion,
-        ) -> Result<Option<StoredCopy>, ActionError> {
+        ) -> Result<Patched, ActionError> {
             self.call(&format!("runtime_patch {}", crate::plan::runtime_actions_header(actions)));
             *self.runs.lock().unwrap() = Some(desired.checksums.clone());
-            Ok(Some(copy_of(desired)))
+            Ok(Patched::Taken(copy_of(desired)))
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
             self.call("restore");

@@ -141,7 +141,7 @@ mod tests {
     use super::*;
     use crate::dataplane::ConfigVersion;
     use crate::files::{FileSet, RenderedFile};
-    use crate::fleet::driver::{ActionError, Reading, StoredCopy, Validation};
+    use crate::fleet::driver::{ActionError, Patched, Reading, StoredCopy, Validation};
     use crate::fleet::machine::{FileChecksums, State};
     use crate::journal::LeaderTerm;
 
@@ -156,7 +156,7 @@ mod tests {
     }
 
     impl PodActions for FakeFleet {
-        async fn verify(&self, pod: &PodTarget, _: Option<&StoredCopy>) -> Result<Reading, ActionError> {
+        async fn verify(&self, pod: &PodTarget, _: Option<&StoredCopy>, _: bool) -> Result<Reading, ActionError> {
             if self.panicking.lock().unwrap().remove(&pod.uid.0) {
                 panic!("a bug in a driver");
             }
@@ -184,8 +184,8 @@ mod tests {
             _: &Desired,
             _: &[crate::plan::RuntimeAction],
             _: ConfigVersion,
-        ) -> Result<Option<StoredCopy>, ActionError> {
-            Ok(None)
+        ) -> Result<Patched, ActionError> {
+            Ok(Patched::NotTaken(None))
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
             Ok(())

@@ -780,6 +780,41 @@ def cmd_restart_apiserver(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dataplane(args: argparse.Namespace) -> int:
+    """Stops or starts one pod's Dataplane API, as a sidecar crash and restart would."""
+    state_dir = Path(args.state_dir).resolve()
+    with state_lock(state_dir):
+        if not env_is_running(state_dir) and args.action == "stop":
+            raise EnvError(f"no environment running in {state_dir}")
+        manifest = json.loads((state_dir / "env.json").read_text())
+        pod = next((p for p in manifest["pods"] if p["name"] == args.pod), None)
+        if pod is None:
+            raise EnvError(f"no pod {args.pod!r} in {state_dir}")
+        name = f"{args.pod}/dataplaneapi"
+        processes = load_processes(state_dir)
+        running = [p for p in processes if p.name == name and Path(f"/proc/{p.pid}").exists()]
+        if args.action == "stop":
+            for process in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while pids_in_groups({p.pid for p in running}) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            Supervisor(state_dir, [p for p in processes if p.name != name]).save()
+            return 0
+        if running:
+            return 0
+        pod_dir = Path(pod["dir"])
+        binary = build_dataplaneapi()
+        sup = Supervisor(state_dir, [p for p in processes if p.name != name])
+        env = {"POD_IP": pod["ip"], "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
+        log_path = Path(pod["logs"]["dataplaneapi"])
+        proc = sup.start(name, [str(binary), "-f", str(pod_dir / "dataplaneapi.yaml")], log_path, env=env, cwd=pod_dir)
+        ip = pod["ip"]
+        wait_until(f"Dataplane API of pod {args.pod}", log_path, lambda: tcp_answers(ip, DATAPLANE_PORT), 30, proc)
+    return 0
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     components = install(fetch=True)
     print(f"kube-apiserver launcher: {components.apiserver}")
@@ -812,9 +847,13 @@ def main(argv: list[str] | None = None) -> int:
                            help=f"default {APISERVER_BASE_PORT} + --net, outside the ephemeral port range")
             p.add_argument("--no-install", action="store_true", help="fail instead of fetching what is missing")
     sub.add_parser("install")
+    dataplane = sub.add_parser("dataplane", help="stop or start one pod's Dataplane API")
+    dataplane.add_argument("action", choices=["stop", "start"])
+    dataplane.add_argument("--pod", required=True)
+    dataplane.add_argument("--state-dir", default=os.environ.get("HAPTIC_ENV_DIR", str(DEFAULT_STATE_DIR)))
     args = parser.parse_args(argv)
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "install": cmd_install,
-                "restart-apiserver": cmd_restart_apiserver}
+                "restart-apiserver": cmd_restart_apiserver, "dataplane": cmd_dataplane}
     try:
         return handlers[args.command](args)
     except EnvError as error:

@@ -164,6 +164,18 @@ impl Manifest {
         Ok(())
     }
 
+    /// Stops (`"stop"`, SIGKILL, as a crashed sidecar) or starts (`"start"`) one pod's Dataplane API.
+    pub fn dataplane_process(&self, pod: &EnvPod, action: &str) -> Result<()> {
+        let status = Command::new("python3")
+            .arg(repo_root().join("tests/env/envctl.py"))
+            .args(["dataplane", action, "--pod", &pod.name, "--state-dir"])
+            .arg(&self.state_dir)
+            .status()
+            .context("running tests/env/envctl.py dataplane")?;
+        ensure!(status.success(), "envctl.py dataplane {action} --pod {} failed ({status})", pod.name);
+        Ok(())
+    }
+
     /// The writes a pod has had so far, to compare before and after.
     pub async fn writes(&self, pod: &EnvPod) -> Result<Writes> {
         let version = self.dataplane(pod).configuration_version().await?.0;

@@ -1,0 +1,140 @@
+//! Change → served, against live pods: the environment's real Dataplane APIs and HAProxy 2.8
+//! and 2.6 pods, the real API server and the real `haptic` binary with the chart's default
+//! library. Each sample writes one change through the API server and times until a request
+//! through every pod is answered as the change says (polled every 5 ms).
+//!
+//! - Ingress change: a new host routed to a Service (a new backend: one raw push and a reload
+//!   per pod).
+//! - EndpointSlice change: the Service's endpoint moves to another port (its server keeps its
+//!   slot: a runtime change, no reload).
+//!
+//! Run with `cargo bench --bench deploy` (20 samples each, `-- N` for another count); it
+//! starts the environment if it is not running (`make env-up` style, state in target/test-env).
+
+#[path = "../env/mod.rs"]
+mod env;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use env::controller::{ControllerProcess, Launch};
+use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn report(what: &str, mut samples: Vec<Duration>, reloads: u64) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{what}: n={} median {:.0} ms, p95 {:.0} ms, min {:.0} ms, max {:.0} ms, reloads per pod per change {:.2}",
+        samples.len(),
+        ms(percentile(&samples, 0.5)),
+        ms(percentile(&samples, 0.95)),
+        ms(samples[0]),
+        ms(samples[samples.len() - 1]),
+        reloads as f64 / samples.len() as f64,
+    );
+}
+
+async fn until_served(http: &reqwest::Client, env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for pod in &env.pods {
+        loop {
+            let url = format!("http://{}/hello", pod.http_address);
+            let answer = match http.get(&url).header("Host", host).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(error) => error.to_string(),
+            };
+            if answer.contains(&format!("backend={backend} ")) {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    Ok(())
+}
+
+async fn reloads(env: &env::Manifest) -> Result<u64> {
+    let mut total = 0;
+    for pod in &env.pods {
+        total += pod.reloads()?;
+    }
+    Ok(total / env.pods.len() as u64)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let samples: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(20);
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    env::chart::apply_chart_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "bench-deploy").await?;
+    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let work = tempfile::tempdir()?;
+    let address = own_address()?;
+    let _backends = start_backends(work.path(), &address, &[("web-a".into(), 18400), ("web-b".into(), 18401)])?;
+    service_with_endpoints(&client, &namespace, "web", &address, 18400).await?;
+    apply_library_config_for_pods(&client, &namespace, "bench").await?;
+    let controller = ControllerProcess::launch(
+        env,
+        &namespace,
+        "haptic",
+        tempfile::tempdir()?,
+        &work.path().join("journal"),
+        &Launch::default(),
+    )?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let ingress = |host: &str| -> Result<Ingress> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": host.replace('.', "-")},
+            "spec": {"ingressClassName": "haproxy", "rules": [{"host": host, "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+        }))?)
+    };
+    ingresses.create(&PostParams::default(), &ingress("warm.bench.example")?).await?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    until_served(&http, env, "warm.bench.example", "web-a").await.with_context(|| controller.log_tail())?;
+    controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
+
+    let mut ingress_samples = Vec::new();
+    let reloads_before = reloads(env).await?;
+    for i in 0..samples {
+        let host = format!("h{i}.bench.example");
+        let started = Instant::now();
+        ingresses.create(&PostParams::default(), &ingress(&host)?).await?;
+        until_served(&http, env, &host, "web-a").await.with_context(|| controller.log_tail())?;
+        ingress_samples.push(started.elapsed());
+        controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
+    }
+    let ingress_reloads = reloads(env).await? - reloads_before;
+
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let mut slice_samples = Vec::new();
+    let reloads_before = reloads(env).await?;
+    for i in 0..samples {
+        let (port, backend) = if i % 2 == 0 { (18401, "web-b") } else { (18400, "web-a") };
+        let started = Instant::now();
+        let patch = json!({"ports": [{"name": "http", "port": port}]});
+        slices.patch("web-1", &PatchParams::default(), &Patch::Merge(patch)).await?;
+        until_served(&http, env, "warm.bench.example", backend).await.with_context(|| controller.log_tail())?;
+        slice_samples.push(started.elapsed());
+        controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
+    }
+    let slice_reloads = reloads(env).await? - reloads_before;
+
+    println!("{} live pods (HAProxy {}), chart's default library", env.pods.len(), {
+        let versions: Vec<&str> = env.pods.iter().map(|p| p.haproxy_version.as_str()).collect();
+        versions.join(", ")
+    });
+    report("Ingress change (new host) -> served on all pods", ingress_samples, ingress_reloads);
+    report("EndpointSlice change (endpoint port) -> served on all pods", slice_samples, slice_reloads);
+    Ok(())
+}
