@@ -280,14 +280,21 @@ async fn an_invalid_configuration_changes_no_pod_says_haproxys_message_and_a_fix
     let _pods = env::exclusive_pods().await;
     let hint = format!("invalid-{}", std::process::id());
     let (client, namespace) = setup("invalid", &own_template(&hint, ""), "60s").await?;
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let with_map = |content: &str| Patch::Merge(json!({"spec": {"templates": {"maps": {"keep.map": content}}}}));
+    configs.patch("test", &PatchParams::default(), &with_map("good\n")).await?;
     let controller = launch(env, &namespace)?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     let before = writes_of_every_pod().await?;
-    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
-    // Line 3 of the render is HAProxy's to refuse.
+    // Line 3 of the render is HAProxy's to refuse; its new map is uploaded to validate it.
     let broken = format!("# test {hint}\nglobal\n    no-such-keyword 42\n");
-    let patch = |template: &str| Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": template}}}));
-    configs.patch("test", &PatchParams::default(), &patch(&broken)).await?;
+    configs
+        .patch(
+            "test",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": broken, "maps": {"keep.map": "refused\n"}}}})),
+        )
+        .await?;
     let deadline = Instant::now() + WITHIN;
     let condition = loop {
         let status = configs.get_status("test").await?.status.unwrap_or_default();
@@ -311,8 +318,22 @@ async fn an_invalid_configuration_changes_no_pod_says_haproxys_message_and_a_fix
         .context("no Warning Event quoting HAProxy")?;
     ensure!(event.note.as_deref().is_some_and(|n| n.contains(":3]")), "{:?}", event.note);
     ensure!(writes_of_every_pod().await? == before, "a refused configuration changed a pod");
+    // The map uploaded for the validation is put back (from the journal) on every pod.
+    for pod in &env.pods {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let map = std::fs::read_to_string(pod.dir.join("maps/keep.map")).unwrap_or_default();
+            if map == "good\n" {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{}: the refused map stayed: {map:?}", pod.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
-    configs.patch("test", &PatchParams::default(), &patch(&own_template(&format!("{hint}-fixed"), ""))).await?;
+    let fixed = own_template(&format!("{hint}-fixed"), "");
+    let fix = Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": fixed, "maps": {"keep.map": "good\n"}}}}));
+    configs.patch("test", &PatchParams::default(), &fix).await?;
     controller
         .wait_for_pods("the fix deployed", env.pods.len(), WITHIN, |pod| {
             pod["state"] == "InSync" && pod["lastTransition"]["reason"] == "Pushed"

@@ -69,7 +69,7 @@ impl Deployer {
                 fleet.pods.send_replace(targets);
             }
             None => {
-                let actions = Arc::new(DataplaneActions::new(credentials.clone()));
+                let actions = Arc::new(DataplaneActions::new(credentials.clone(), self.journal.clone()));
                 let settings =
                     DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get(), term: self.term };
                 let (pods_tx, pods_rx) = watch::channel(targets);

@@ -9,13 +9,14 @@
 //!
 //! Verify reads the configuration and every stored map and general file and checksums them.
 //! Validate uploads the auxiliary files that differ, remembering what they replaced, then
-//! validates the whole configuration on the pod. Push writes it as one raw update on top of
-//! the configuration version last read (a conflict when the pod moved on), waits for the
-//! reload, then removes files no longer desired. A rejected configuration's uploads, and those
-//! of a configuration whose reload failed, are put back as they were.
+//! validates the whole configuration on the pod; what each upload replaces is journaled before
+//! it is replaced. Push writes it as one raw update on top of the configuration version last
+//! read (a conflict when the pod moved on), reloads, then removes files no longer desired. A
+//! rejected configuration's uploads, and those of a configuration whose reload failed, are put
+//! back as they were, from the journal, so a restart in between loses nothing.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,7 +27,7 @@ use crate::dataplane::{
     ReloadStatus, StorageKind, StoredConfig,
 };
 use crate::files::Checksum;
-use crate::journal::PodUid;
+use crate::journal::{Journal, PodUid};
 use crate::plan::{RuntimeAction, runtime_actions_header};
 
 /// How long a reload may take before the push counts as failed.
@@ -34,29 +35,19 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// The comment that names, inside a pushed configuration, the render it came from.
 const RENDER_MARKER: &str = "# haptic-render: ";
 
-/// One auxiliary file replaced during validation, and what was there before.
-#[derive(Clone, Debug)]
-struct Upload {
-    kind: StorageKind,
-    name: String,
-    original: Option<String>,
-}
-
 /// The Dataplane adapter for every pod.
 pub struct DataplaneActions {
     credentials: Mutex<Credentials>,
     clients: Mutex<HashMap<String, DataplaneClient>>,
-    uploads: Mutex<HashMap<PodUid, Vec<Upload>>>,
+    /// Where what a validation replaces is recorded before it is replaced, so that it can be put
+    /// back even by a controller that restarted in between.
+    journal: Arc<Journal>,
 }
 
 impl DataplaneActions {
-    /// An adapter using these credentials for every pod.
-    pub fn new(credentials: Credentials) -> Self {
-        Self {
-            credentials: Mutex::new(credentials),
-            clients: Mutex::new(HashMap::new()),
-            uploads: Mutex::new(HashMap::new()),
-        }
+    /// An adapter using these credentials for every pod, recording uploads in `journal`.
+    pub fn new(credentials: Credentials, journal: Arc<Journal>) -> Self {
+        Self { credentials: Mutex::new(credentials), clients: Mutex::new(HashMap::new()), journal }
     }
 
     /// Replaces the credentials (the Secret changed); connections are rebuilt with them.
@@ -81,14 +72,15 @@ impl DataplaneActions {
         Ok(client)
     }
 
-    fn record_upload(&self, uid: &PodUid, upload: Upload) {
-        if let Ok(mut uploads) = self.uploads.lock() {
-            uploads.entry(uid.clone()).or_default().push(upload);
-        }
-    }
-
-    fn take_uploads(&self, uid: &PodUid) -> Vec<Upload> {
-        self.uploads.lock().ok().and_then(|mut uploads| uploads.remove(uid)).unwrap_or_default()
+    /// Records what an upload is about to replace; no upload is made unless this is on disk.
+    fn record_upload(
+        &self,
+        uid: &PodUid,
+        kind: StorageKind,
+        name: &str,
+        original: Option<&str>,
+    ) -> Result<(), ActionError> {
+        self.journal.record_upload(uid, kind, name, original.map(str::as_bytes)).map_err(failed)
     }
 }
 
@@ -261,16 +253,15 @@ impl PodActions for DataplaneActions {
         for (name, file) in &desired.files.certs {
             if !present.contains(name) {
                 let kind = StorageKind::Certificates;
-                self.record_upload(&pod.uid, Upload { kind, name: name.clone(), original: None });
+                self.record_upload(&pod.uid, kind, name, None)?;
                 client.put_storage(kind, name, &file.content, false).await.map_err(failed)?;
             }
         }
         for (kind, name, content) in desired_storage(desired) {
             let current = client.get_storage(kind, name).await.map_err(failed)?;
             if current.as_deref() != Some(content) {
-                let exists = current.is_some();
-                self.record_upload(&pod.uid, Upload { kind, name: name.to_owned(), original: current });
-                client.put_storage(kind, name, content, exists).await.map_err(failed)?;
+                self.record_upload(&pod.uid, kind, name, current.as_deref())?;
+                client.put_storage(kind, name, content, current.is_some()).await.map_err(failed)?;
             }
         }
         // `only_validate` checks no version and writes nothing.
@@ -306,7 +297,8 @@ impl PodActions for DataplaneActions {
                 }
             }
         }
-        self.take_uploads(&pod.uid);
+        // Pushed: what validation uploaded is what the pod runs now.
+        self.journal.settle_uploads(&pod.uid, &[]).map_err(failed)?;
         Ok(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version })
     }
 
@@ -356,17 +348,24 @@ impl PodActions for DataplaneActions {
 
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
         let client = self.client(pod).map_err(|e| e.to_string())?;
-        // Every file is put back that can be; one that cannot does not stop the others.
+        let pending = self.journal.pending_uploads(&pod.uid).map_err(|e| e.to_string())?;
+        // Every file is put back that can be; those that cannot stay recorded for next time.
         let mut errors = Vec::new();
-        for upload in self.take_uploads(&pod.uid).into_iter().rev() {
+        let mut left = Vec::new();
+        for upload in pending.into_iter().rev() {
             let restored = match &upload.original {
-                Some(content) => client.put_storage(upload.kind, &upload.name, content, true).await,
+                Some(content) => {
+                    let content = String::from_utf8_lossy(content);
+                    client.put_storage(upload.kind, &upload.name, &content, true).await
+                }
                 None => client.delete_storage(upload.kind, &upload.name).await,
             };
             if let Err(error) = restored {
                 errors.push(error.to_string());
+                left.push(upload);
             }
         }
+        self.journal.settle_uploads(&pod.uid, &left).map_err(|e| e.to_string())?;
         if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
     }
 }
@@ -518,7 +517,9 @@ mod request_shapes {
             .mount(&server)
             .await;
 
-        let actions = DataplaneActions::new(Credentials::new("admin", "secret"));
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
+        let actions = DataplaneActions::new(Credentials::new("admin", "secret"), journal);
         let pod = PodTarget {
             uid: PodUid("u".into()),
             namespace: "n".into(),
@@ -595,7 +596,9 @@ mod request_shapes {
             .respond_with(json(r#"{"name":"srv2","address":"127.0.0.1","port":1,"admin_state":"maint"}"#))
             .mount(&server)
             .await;
-        let actions = DataplaneActions::new(Credentials::new("admin", "secret"));
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
+        let actions = DataplaneActions::new(Credentials::new("admin", "secret"), journal);
         let pod = PodTarget {
             uid: PodUid("u".into()),
             namespace: "n".into(),

@@ -18,6 +18,8 @@ pub enum RecordKind {
     Meta = 3,
     /// The server slots of one configuration's backends.
     Slots = 4,
+    /// The auxiliary files a validation replaced on one pod, and what they replaced.
+    Uploads = 5,
 }
 
 /// Errors decoding a stored value.

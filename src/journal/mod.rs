@@ -20,7 +20,7 @@ use sled::Transactional;
 use thiserror::Error;
 use tracing::{error, info};
 
-use crate::dataplane::ConfigVersion;
+use crate::dataplane::{ConfigVersion, StorageKind};
 use crate::files::Checksum;
 use crate::fleet::driver::StoredCopy;
 use crate::fleet::machine::{FileChecksums, State};
@@ -29,7 +29,7 @@ use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
 use records::{
     MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, SlotsV1, StoredCopyV1, TransitionRecordV1, TransitionRecordV2,
-    state_code, state_from_code,
+    UploadsV1, state_code, state_from_code,
 };
 
 /// A pod's identity: its UID. A pod recreated under the same name is a new pod.
@@ -91,6 +91,47 @@ pub struct JournaledPod {
     pub copy: Option<StoredCopy>,
     /// The last transition.
     pub last_transition: TransitionEntry,
+}
+
+/// An auxiliary file a validation replaced on a pod, and what it replaced: what is put back
+/// when the pod refuses the files it came with, even after a restart.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PendingUpload {
+    /// Which storage.
+    pub kind: StorageKind,
+    /// The file's name there.
+    pub name: String,
+    /// What was there before, or `None` when the file was new.
+    pub original: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for PendingUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Certificates hold keys: the content is never shown.
+        f.debug_struct("PendingUpload")
+            .field("kind", &self.kind)
+            .field("name", &self.name)
+            .field("original_bytes", &self.original.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// Stable codes for storage kinds on disk.
+fn storage_code(kind: StorageKind) -> u8 {
+    match kind {
+        StorageKind::Maps => 0,
+        StorageKind::General => 1,
+        StorageKind::Certificates => 2,
+    }
+}
+
+fn storage_from_code(code: u8) -> Option<StorageKind> {
+    Some(match code {
+        0 => StorageKind::Maps,
+        1 => StorageKind::General,
+        2 => StorageKind::Certificates,
+        _ => return None,
+    })
 }
 
 /// Errors of the journal, each saying what it was doing.
@@ -159,6 +200,7 @@ pub struct Journal {
     log: sled::Tree,
     files: sled::Tree,
     slots: sled::Tree,
+    uploads: sled::Tree,
     retention: u64,
 }
 
@@ -236,6 +278,7 @@ impl Journal {
             log: db.open_tree("log").map_err(store("opening the log tree"))?,
             files: db.open_tree("files").map_err(store("opening the files tree"))?,
             slots: db.open_tree("slots").map_err(store("opening the slots tree"))?,
+            uploads: db.open_tree("uploads").map_err(store("opening the uploads tree"))?,
             db,
             retention: retention.max(1),
         };
@@ -406,6 +449,7 @@ impl Journal {
     /// Forgets a pod that is gone, with its log.
     pub fn forget(&self, uid: &PodUid) -> Result<(), JournalError> {
         self.pods.remove(uid.0.as_bytes()).map_err(|source| self.store("forgetting a pod", source))?;
+        self.uploads.remove(uid.0.as_bytes()).map_err(|source| self.store("forgetting a pod's uploads", source))?;
         for key in self.log.scan_prefix(log_prefix(uid)).keys() {
             let key = key.map_err(|source| self.store("forgetting a pod's log", source))?;
             self.log.remove(key).map_err(|source| self.store("forgetting a pod's log", source))?;
@@ -443,6 +487,73 @@ impl Journal {
         }
     }
 
+    /// Records, durably and before the upload is made, that a validation is about to replace a
+    /// file on a pod; the first original of a file is kept (it is what the pod's last good files
+    /// used).
+    pub fn record_upload(
+        &self,
+        uid: &PodUid,
+        kind: StorageKind,
+        name: &str,
+        original: Option<&[u8]>,
+    ) -> Result<(), JournalError> {
+        let mut record = self.uploads_record(uid)?;
+        if !record.files.iter().any(|(k, n, _)| *k == storage_code(kind) && n == name) {
+            let original = original.map(|content| self.put_file(content)).transpose()?;
+            record.files.push((storage_code(kind), name.to_owned(), original.map(|c| *c.as_bytes())));
+            self.write_uploads(uid, &record)?;
+        }
+        Ok(())
+    }
+
+    /// The uploads recorded for a pod and not yet settled, with what each replaced.
+    pub fn pending_uploads(&self, uid: &PodUid) -> Result<Vec<PendingUpload>, JournalError> {
+        let record = self.uploads_record(uid)?;
+        let mut pending = Vec::with_capacity(record.files.len());
+        for (code, name, original) in record.files {
+            let Some(kind) = storage_from_code(code) else { continue };
+            let original = match original {
+                Some(checksum) => Some(self.file(&Checksum::from_bytes(checksum))?.unwrap_or_default()),
+                None => None,
+            };
+            pending.push(PendingUpload { kind, name, original });
+        }
+        Ok(pending)
+    }
+
+    /// Settles a pod's uploads: `keep` are those still to be put back (none after a push).
+    pub fn settle_uploads(&self, uid: &PodUid, keep: &[PendingUpload]) -> Result<(), JournalError> {
+        if keep.is_empty() {
+            self.uploads.remove(uid.0.as_bytes()).map_err(|source| self.store("settling uploads", source))?;
+            return self.flush();
+        }
+        let files = keep
+            .iter()
+            .map(|upload| {
+                let original = upload.original.as_deref().map(|content| self.put_file(content)).transpose()?;
+                Ok((storage_code(upload.kind), upload.name.clone(), original.map(|c| *c.as_bytes())))
+            })
+            .collect::<Result<Vec<_>, JournalError>>()?;
+        self.write_uploads(uid, &UploadsV1 { files })
+    }
+
+    fn uploads_record(&self, uid: &PodUid) -> Result<UploadsV1, JournalError> {
+        let Some(bytes) = self.uploads.get(uid.0.as_bytes()).map_err(|source| self.store("reading uploads", source))?
+        else {
+            return Ok(UploadsV1 { files: Vec::new() });
+        };
+        codec::open(RecordKind::Uploads, &bytes)
+            .and_then(|(version, payload)| codec::decode_payload::<UploadsV1>(RecordKind::Uploads, version, payload))
+            .map_err(|source| self.record(format!("the uploads of pod {uid}"), source))
+    }
+
+    fn write_uploads(&self, uid: &PodUid, record: &UploadsV1) -> Result<(), JournalError> {
+        let bytes = codec::encode(RecordKind::Uploads, 1, record)
+            .map_err(|source| self.record(format!("the uploads of pod {uid}"), source))?;
+        self.uploads.insert(uid.0.as_bytes(), bytes).map_err(|source| self.store("recording an upload", source))?;
+        self.flush()
+    }
+
     /// Stores a file's content once, under its checksum.
     pub fn put_file(&self, content: &[u8]) -> Result<Checksum, JournalError> {
         let checksum = Checksum::of(content);
@@ -458,11 +569,21 @@ impl Journal {
         Ok(content.map(|bytes| bytes.to_vec()))
     }
 
-    /// Removes stored files no pod's last push refers to; returns how many.
+    /// Removes stored files no pod's last push, and no pending upload, refers to; returns how many.
     pub fn collect_files(&self) -> Result<usize, JournalError> {
         let mut referenced = std::collections::HashSet::new();
         for pod in self.pods()? {
             referenced.extend(pod.pushed.unwrap_or_default().into_iter().map(|(_, checksum)| checksum));
+        }
+        for entry in self.uploads.iter().values() {
+            let bytes = entry.map_err(|source| self.store("collecting files", source))?;
+            let record = codec::open(RecordKind::Uploads, &bytes).and_then(|(version, payload)| {
+                codec::decode_payload::<UploadsV1>(RecordKind::Uploads, version, payload)
+            });
+            if let Ok(record) = record {
+                referenced
+                    .extend(record.files.into_iter().filter_map(|(_, _, original)| original.map(Checksum::from_bytes)));
+            }
         }
         let mut removed = 0;
         for key in self.files.iter().keys() {
@@ -675,6 +796,32 @@ mod tests {
             }
         }
         (dir, target)
+    }
+
+    #[test]
+    fn uploads_to_put_back_survive_a_reopen_keep_the_first_original_and_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let uid = PodUid("u".into());
+        {
+            let (journal, _) = Journal::open(&path, 10).unwrap();
+            journal.record_upload(&uid, StorageKind::Maps, "host.map", Some(b"last good\n")).unwrap();
+            journal.record_upload(&uid, StorageKind::Maps, "host.map", Some(b"a refused one\n")).unwrap();
+            journal.record_upload(&uid, StorageKind::General, "503.http", None).unwrap();
+        }
+        let (journal, _) = Journal::open(&path, 10).unwrap();
+        assert_eq!(journal.collect_files().unwrap(), 0, "originals to put back are kept");
+        let pending = journal.pending_uploads(&uid).unwrap();
+        assert_eq!(pending.len(), 2);
+        assert_eq!((pending[0].kind, pending[0].name.as_str()), (StorageKind::Maps, "host.map"));
+        assert_eq!(pending[0].original.as_deref(), Some(&b"last good\n"[..]), "the first original wins");
+        assert_eq!(pending[1].original, None, "a new file is deleted to put it back");
+        assert!(!format!("{pending:?}").contains("last good"), "contents are never shown");
+        journal.settle_uploads(&uid, &pending[1..]).unwrap();
+        assert_eq!(journal.pending_uploads(&uid).unwrap().len(), 1);
+        journal.settle_uploads(&uid, &[]).unwrap();
+        assert!(journal.pending_uploads(&uid).unwrap().is_empty());
+        assert_eq!(journal.collect_files().unwrap(), 1, "settled, the original is collected");
     }
 
     #[test]

@@ -139,6 +139,14 @@ pub(crate) struct SlotsV1 {
 /// One slot on disk: the endpoint (address, port) it holds, or nothing.
 pub(crate) type StoredSlotV1 = Option<(String, u16)>;
 
+/// The auxiliary files a validation replaced on one pod, version 1: per file its storage kind
+/// (`storage_code`), its name, and the checksum (in the files tree) of what it replaced, or
+/// nothing when it was new. Stored in a tree of its own, added within schema 3.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct UploadsV1 {
+    pub(crate) files: Vec<(u8, String, Option<[u8; 32]>)>,
+}
+
 /// The journal's metadata, schemas 1 to 3 (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaV1 {
