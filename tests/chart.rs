@@ -309,3 +309,38 @@ fn the_default_library_renders_the_example_ingresses_of_its_class_into_a_config_
     }
     Ok(())
 }
+
+/// The environment's simulated pods (tests/env/pod.json) are probed as the chart's pods are:
+/// same containers' readiness probes and the ports they name, so the prober (kubelet's part in
+/// the environment) judges them as kubelet would judge the chart's.
+#[test]
+fn the_simulated_pods_declare_the_charts_readiness_probes() -> Result<()> {
+    let values = ["--set", "haproxy.ports.http=8080", "--set", "haproxy.ports.health=8404"];
+    let deployment = render_chart("rel", "haptic-system", &values)?
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .context("the chart has no HAProxy Deployment")?;
+    let simulated: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/pod.json"))?)?;
+    let probes = |containers: &serde_json::Value| -> Vec<(String, serde_json::Value, Vec<serde_json::Value>)> {
+        containers
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let named: Vec<serde_json::Value> = c["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| p["name"] != "https" && p["name"] != "http")
+                    .cloned()
+                    .collect();
+                (c["name"].as_str().unwrap_or_default().to_owned(), c["readinessProbe"].clone(), named)
+            })
+            .collect()
+    };
+    let chart = probes(&deployment["spec"]["template"]["spec"]["containers"]);
+    let env = probes(&simulated["spec"]["containers"]);
+    assert_eq!(env, chart, "tests/env/pod.json must declare the chart's probes");
+    Ok(())
+}
