@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use env::Writes;
-use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::controller::{ControllerProcess, Launch, deployment_test_namespace};
 use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
 use haptic::config::HAProxyTemplateConfig;
 use k8s_openapi::api::core::v1::Pod;
@@ -21,38 +21,12 @@ use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(60);
 
-/// A namespace of its own with the Dataplane credentials and a test configuration whose
-/// template is `template` (Ingresses of the namespace watched), drift checked every `drift`.
 async fn setup(test: &str, template: &str, drift: &str) -> Result<(kube::Client, String)> {
-    let env = env::environment();
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, test).await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
-    create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": drift},
-            "templates": {"haproxyConfig": template}
-        }),
-    )
-    .await?;
-    Ok((client, namespace))
+    deployment_test_namespace(env::environment(), test, template, drift).await
 }
 
-/// A configuration routing to backend-0 that is this test's own (pods already running a render
-/// are adopted without a push), with one backend section per Ingress: a change only a reload
-/// applies.
-fn own_template(namespace: &str, extra: &str) -> String {
-    let env = env::environment();
-    format!(
-        "# test {namespace}\n{}{extra}{{% for i in resources.ingresses.list() %}}backend ingress_{{{{ i.metadata.name }}}}\n{{% endfor %}}",
-        env::config_routing_to(&env.backends[0])
-    )
+fn own_template(tag: &str, extra: &str) -> String {
+    env::controller::own_template(env::environment(), tag, extra)
 }
 
 async fn writes_of_every_pod() -> Result<Vec<Writes>> {
@@ -64,25 +38,8 @@ async fn writes_of_every_pod() -> Result<Vec<Writes>> {
     Ok(writes)
 }
 
-/// Asks every pod for `host` until each answers from `backend`.
 async fn every_pod_answers(env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    for pod in &env.pods {
-        let deadline = Instant::now() + WITHIN;
-        loop {
-            let url = format!("http://{}/hello", pod.http_address);
-            let answer = match http.get(&url).header("Host", host).send().await {
-                Ok(response) => response.text().await.unwrap_or_default(),
-                Err(error) => error.to_string(),
-            };
-            if answer.contains(&format!("backend={backend} ")) {
-                break;
-            }
-            ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    Ok(())
+    env::every_pod_answers(env, host, backend, Duration::from_millis(100)).await
 }
 
 fn launch(env: &env::Manifest, namespace: &str) -> Result<ControllerProcess> {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
-use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::controller::{ControllerProcess, Launch};
 use env::otlp::received_spans;
 use haptic::dataplane::PushMode;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -25,30 +25,8 @@ async fn metric(api: &str, line_start: &str) -> Result<f64> {
 
 async fn setup(test: &str) -> Result<(kube::Client, String)> {
     let env = env::environment();
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, test).await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
-    // The namespace in a comment makes each test's render its own: pods already running a
-    // render are adopted without a push, and these tests count pushes. Each Ingress adds a
-    // backend, a change only a reload applies (a comment alone is written without one).
-    let template = format!(
-        "# test {namespace}\n{}{{% for i in resources.ingresses.list() %}}backend ingress_{{{{ i.metadata.name }}}}\n{{% endfor %}}",
-        env::config_routing_to(&env.backends[0])
-    );
-    create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": "3s"},
-            "templates": {"haproxyConfig": template}
-        }),
-    )
-    .await?;
-    Ok((client, namespace))
+    let tag = format!("{test}-{}", std::process::id());
+    env::controller::deployment_test_namespace(env, test, &env::controller::own_template(env, &tag, ""), "3s").await
 }
 
 #[tokio::test]

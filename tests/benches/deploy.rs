@@ -16,7 +16,7 @@ mod env;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use env::controller::{ControllerProcess, Launch};
 use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -43,23 +43,8 @@ fn report(what: &str, mut samples: Vec<Duration>, reloads: u64) {
     );
 }
 
-async fn until_served(http: &reqwest::Client, env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for pod in &env.pods {
-        loop {
-            let url = format!("http://{}/hello", pod.http_address);
-            let answer = match http.get(&url).header("Host", host).send().await {
-                Ok(response) => response.text().await.unwrap_or_default(),
-                Err(error) => error.to_string(),
-            };
-            if answer.contains(&format!("backend={backend} ")) {
-                break;
-            }
-            ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-    Ok(())
+async fn until_served(env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
+    env::every_pod_answers(env, host, backend, Duration::from_millis(5)).await
 }
 
 async fn reloads(env: &env::Manifest) -> Result<u64> {
@@ -100,8 +85,7 @@ async fn main() -> Result<()> {
         }))?)
     };
     ingresses.create(&PostParams::default(), &ingress("warm.bench.example")?).await?;
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    until_served(&http, env, "warm.bench.example", "web-a").await.with_context(|| controller.log_tail())?;
+    until_served(env, "warm.bench.example", "web-a").await.with_context(|| controller.log_tail())?;
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
 
     let mut ingress_samples = Vec::new();
@@ -110,7 +94,7 @@ async fn main() -> Result<()> {
         let host = format!("h{i}.bench.example");
         let started = Instant::now();
         ingresses.create(&PostParams::default(), &ingress(&host)?).await?;
-        until_served(&http, env, &host, "web-a").await.with_context(|| controller.log_tail())?;
+        until_served(env, &host, "web-a").await.with_context(|| controller.log_tail())?;
         ingress_samples.push(started.elapsed());
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
@@ -124,7 +108,7 @@ async fn main() -> Result<()> {
         let started = Instant::now();
         let patch = json!({"ports": [{"name": "http", "port": port}]});
         slices.patch("web-1", &PatchParams::default(), &Patch::Merge(patch)).await?;
-        until_served(&http, env, "warm.bench.example", backend).await.with_context(|| controller.log_tail())?;
+        until_served(env, "warm.bench.example", backend).await.with_context(|| controller.log_tail())?;
         slice_samples.push(started.elapsed());
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }

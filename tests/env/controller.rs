@@ -55,6 +55,45 @@ pub async fn create_test_config(
     Ok(configs)
 }
 
+/// A namespace of its own for a deployment test: the environment's pods registered in it, the
+/// Dataplane credentials Secret `dataplane`, and the configuration `test` rendering `template`
+/// from the namespace's Ingresses, drift checked every `drift`.
+pub async fn deployment_test_namespace(
+    env: &Manifest,
+    test: &str,
+    template: &str,
+    drift: &str,
+) -> Result<(kube::Client, String)> {
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, test).await?;
+    super::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    create_test_config(
+        &client,
+        &namespace,
+        serde_json::json!({
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                                               "namespaces": [namespace]}},
+            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": drift},
+            "templates": {"haproxyConfig": template}
+        }),
+    )
+    .await?;
+    Ok((client, namespace))
+}
+
+/// A configuration routing to backend-0 that is `tag`'s own (pods already running a render are
+/// adopted without a push, and deployment tests count pushes), with `extra` sections and one
+/// backend section per Ingress: a change only a reload applies (a comment alone is written
+/// without one).
+pub fn own_template(env: &Manifest, tag: &str, extra: &str) -> String {
+    format!(
+        "# test {tag}\n{}{extra}{{% for i in resources.ingresses.list() %}}backend ingress_{{{{ i.metadata.name }}}}\n{{% endfor %}}",
+        super::config_routing_to(&env.backends[0])
+    )
+}
+
 /// Installs haptic's own CRD.
 pub async fn ensure_haptic_crd(client: &kube::Client) -> Result<()> {
     ensure_crd(client, HAProxyTemplateConfig::crd()).await

@@ -306,6 +306,27 @@ pub fn config_routing_to(backend: &Backend) -> String {
         .replace("{{BACKEND_PORT}}", &backend.port.to_string())
 }
 
+/// Asks every pod for `host` (polling each every `poll`) until each answers from `backend`.
+pub async fn every_pod_answers(env: &Manifest, host: &str, backend: &str, poll: Duration) -> Result<()> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for pod in &env.pods {
+        loop {
+            let url = format!("http://{}/hello", pod.http_address);
+            let answer = match http.get(&url).header("Host", host).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(error) => error.to_string(),
+            };
+            if answer.contains(&format!("backend={backend} ")) {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
+            tokio::time::sleep(poll).await;
+        }
+    }
+    Ok(())
+}
+
 /// GETs `/hello` through HAProxy at `address` until `backend` answers (reloads take a moment).
 pub async fn get_until_answered_by(http: &reqwest::Client, address: &str, backend: &str) -> Result<String> {
     let url = format!("http://{address}/hello");
