@@ -557,6 +557,16 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
         }
         ensure!(reloads == 0, "{}: {reloads} reloads over 20 in-slot scale steps", pod.name);
     }
+    // The metrics say the same: runtime deployments on the 2.8 pods, none failed.
+    let api = controller.api_url().await?;
+    let metrics = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+    let runtime_ok: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("haptic_deployments_total{kind=\"runtime\",result=\"ok\"}"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let on_28 = env.pods.iter().filter(|p| !p.haproxy_version.starts_with("2.6")).count() as f64;
+    ensure!(runtime_ok >= 20.0 * on_28, "{runtime_ok} runtime deployments counted for {on_28} pods × 20 steps");
     for (name, stream) in streams {
         let text = stream.await??;
         // 60 s, a line every 200 ms: cut short, it would have far fewer.
