@@ -29,9 +29,9 @@ def call(url: str, auth: str, method: str = "GET", body: bytes | None = None) ->
                                      headers={"Authorization": auth, "Content-Type": "text/plain"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers), response.read()
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
     except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read()
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
 def push_through_dataplane(api: str, auth: str, config: str, backend: str) -> bool:
@@ -41,7 +41,8 @@ def push_through_dataplane(api: str, auth: str, config: str, backend: str) -> bo
     if status not in (201, 202):
         print(f"demo: push to {api} failed: {status} {body.decode(errors='replace')}", file=sys.stderr)
         return False
-    reload_id = headers.get("Reload-ID")
+    # Header names are case-insensitive; v3.2.7 sends `Reload-Id`.
+    reload_id = headers.get("reload-id")
     print(f"demo: pushed a configuration routing to {backend} through {api} (HTTP {status}, reload {reload_id})")
     deadline = time.monotonic() + 30
     while reload_id and time.monotonic() < deadline:
