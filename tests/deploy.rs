@@ -574,3 +574,46 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn files_uploaded_before_a_crash_are_put_back_by_the_next_run_when_the_pod_refuses_them() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let hint = format!("undo-{}", std::process::id());
+    let (client, namespace) = setup("undo", &own_template(&hint, ""), "60s").await?;
+    let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+    let templates = |config: String, map: &str| {
+        Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": config, "maps": {"keep.map": map}}}}))
+    };
+    configs.patch("test", &PatchParams::default(), &templates(own_template(&hint, ""), "good\n")).await?;
+    let dir = tempfile::tempdir()?;
+    let journal_dir = dir.path().join("journal");
+    let first = ControllerProcess::launch(env, &namespace, "test", dir, &journal_dir, &Launch::default())?;
+    first.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let dir = first.kill();
+
+    // The moment a crash can leave behind: a validation had recorded what it replaced and
+    // uploaded the new map, and the controller died before HAProxy's answer.
+    let pod = &env.pods[0];
+    {
+        let (journal, _) = haptic::journal::Journal::open(&journal_dir, 100)?;
+        let record = journal.pods()?.into_iter().find(|p| p.name == pod.name).context("the pod's journal record")?;
+        journal.record_upload(&record.uid, haptic::dataplane::StorageKind::Maps, "keep.map", Some(b"good\n"))?;
+    }
+    env.dataplane(pod).put_storage(haptic::dataplane::StorageKind::Maps, "keep.map", "refused\n", true).await?;
+    // The files it came with are refused by HAProxy.
+    let broken = format!("# test {hint}\nglobal\n    no-such-keyword 42\n");
+    configs.patch("test", &PatchParams::default(), &templates(broken, "refused\n")).await?;
+
+    let second = ControllerProcess::launch(env, &namespace, "test", dir, &journal_dir, &Launch::default())?;
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let map = std::fs::read_to_string(pod.dir.join("maps/keep.map")).unwrap_or_default();
+        if map == "good\n" {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the map uploaded before the crash stayed: {map:?}\n{}", second.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
