@@ -68,7 +68,11 @@ async fn every_haproxy_pod_routes_to_a_named_backend() -> Result<()> {
     let mut versions = std::collections::HashSet::new();
     for (index, pod) in env.pods.iter().enumerate() {
         let backend = &env.backends[(index + 1) % env.backends.len()];
-        pod.replace_config_and_reload(&env::config_routing_to(backend))?;
+        // Through the pod's Dataplane API: it watches the file and rewrites it when it changes
+        // behind its back, so a direct write would race with it.
+        let dataplane = env.dataplane(pod);
+        let version = dataplane.configuration_version().await?;
+        dataplane.push_raw(&env::config_routing_to(backend), version, haptic::dataplane::PushMode::ForceReload).await?;
         let answer = env::get_until_answered_by(&http, &pod.http_address, &backend.name).await?;
         assert!(answer.starts_with(&format!("backend={} ", backend.name)), "{}: {answer}", pod.name);
         versions.insert(pod.haproxy_version.clone());

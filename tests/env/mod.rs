@@ -98,32 +98,6 @@ pub struct EnvPod {
     pub pid_file: PathBuf,
 }
 
-impl EnvPod {
-    /// Replaces HAProxy's configuration file and reloads the master, bypassing the Dataplane API.
-    ///
-    /// Environment plumbing for tests of the environment itself; haptic never does this.
-    /// HAProxy 2.8 answers a master CLI `reload` with `Success=1`; 2.6 gives no answer there,
-    /// so it is reloaded with SIGUSR2 to the master, as its Dataplane API would do.
-    pub fn replace_config_and_reload(&self, config: &str) -> Result<()> {
-        std::fs::write(&self.config_file, config)?;
-        if self.haproxy_version.starts_with("2.6") {
-            let pid = std::fs::read_to_string(&self.pid_file)?;
-            let pid = pid.split_whitespace().next().context("empty pid file")?;
-            let status = Command::new("kill").args(["-USR2", pid]).status()?;
-            ensure!(status.success(), "kill -USR2 {pid} failed for {}", self.name);
-            return Ok(());
-        }
-        let mut socket = std::os::unix::net::UnixStream::connect(&self.master_socket)
-            .with_context(|| format!("connecting to {}", self.master_socket.display()))?;
-        socket.write_all(b"reload\n")?;
-        socket.shutdown(std::net::Shutdown::Write)?;
-        let mut answer = String::new();
-        socket.read_to_string(&mut answer)?;
-        ensure!(answer.starts_with("Success=1"), "{}: master CLI reload answered {answer:?}", self.name);
-        Ok(())
-    }
-}
-
 /// What has been written to a pod: its configuration version (every write through the
 /// Dataplane API adds one) and the reloads its HAProxy master has done (its own count, from
 /// `show proc` on the master CLI).
