@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, Launch};
-use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
+use env::standalone::{
+    apply_library_config_for_pods, library_namespace, own_address, service_with_endpoints, start_backends,
+};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -50,9 +52,7 @@ async fn demo() -> Result<()> {
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
     let client = env.kube_client().await?;
-    env::chart::apply_chart_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, "demo").await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let namespace = library_namespace(env, &client, "demo").await?;
     let address = own_address()?;
     let work = tempfile::tempdir()?;
     let backends = [("blue".to_owned(), 18200), ("green".to_owned(), 18201)];

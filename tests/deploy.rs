@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use env::Writes;
 use env::controller::{ControllerProcess, Launch, deployment_test_namespace};
-use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
+use env::standalone::{
+    apply_library_config_for_pods, library_namespace, own_address, service_with_endpoints, start_backends,
+};
 use haptic::config::HAProxyTemplateConfig;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -56,9 +58,7 @@ async fn a_fresh_notready_pod_is_configured_becomes_ready_and_an_ingress_change_
         env.reset_to_bootstrap(pod).await?;
     }
     let client = env.kube_client().await?;
-    env::chart::apply_chart_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, "fresh").await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let namespace = library_namespace(env, &client, "fresh").await?;
     // The prober (kubelet's part) finds them NotReady: their HAProxy says 503 on its readiness port.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let ready = |pod: &Pod| {
@@ -89,14 +89,7 @@ async fn a_fresh_notready_pod_is_configured_becomes_ready_and_an_ingress_change_
         "spec": {"ingressClassName": "haproxy", "rules": [rule("blue")]}}))?;
     ingresses.create(&PostParams::default(), &ingress).await?;
 
-    let controller = ControllerProcess::launch(
-        env,
-        &namespace,
-        "haptic",
-        tempfile::tempdir()?,
-        &work.path().join("journal"),
-        &Launch::default(),
-    )?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     let deadline = Instant::now() + WITHIN;
     while !pods.list(&Default::default()).await?.iter().all(ready) {
@@ -478,9 +471,7 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
     let client = env.kube_client().await?;
-    env::chart::apply_chart_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, "scale").await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let namespace = library_namespace(env, &client, "scale").await?;
     let work = tempfile::tempdir()?;
     let address = own_address()?;
     // Three endpoints of one Service, each its own EndpointSlice (one address here, so each
@@ -505,14 +496,7 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
         "rules": [{"host": "web.scale.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
             "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}))?;
     ingresses.create(&PostParams::default(), &ingress).await?;
-    let controller = ControllerProcess::launch(
-        env,
-        &namespace,
-        "haptic",
-        tempfile::tempdir()?,
-        &work.path().join("journal"),
-        &Launch::default(),
-    )?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
     every_pod_answers(env, "web.scale.example", "web").await?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
 

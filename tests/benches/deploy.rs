@@ -17,8 +17,10 @@ mod env;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use env::controller::{ControllerProcess, Launch};
-use env::standalone::{apply_library_config_for_pods, own_address, service_with_endpoints, start_backends};
+use env::controller::ControllerProcess;
+use env::standalone::{
+    apply_library_config_for_pods, library_namespace, own_address, service_with_endpoints, start_backends,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -60,22 +62,13 @@ async fn main() -> Result<()> {
     let samples: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(20);
     let env = env::environment();
     let client = env.kube_client().await?;
-    env::chart::apply_chart_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, "bench-deploy").await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let namespace = library_namespace(env, &client, "bench-deploy").await?;
     let work = tempfile::tempdir()?;
     let address = own_address()?;
     let _backends = start_backends(work.path(), &address, &[("web-a".into(), 18400), ("web-b".into(), 18401)])?;
     service_with_endpoints(&client, &namespace, "web", &address, 18400).await?;
     apply_library_config_for_pods(&client, &namespace, "bench").await?;
-    let controller = ControllerProcess::launch(
-        env,
-        &namespace,
-        "haptic",
-        tempfile::tempdir()?,
-        &work.path().join("journal"),
-        &Launch::default(),
-    )?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     let ingress = |host: &str| -> Result<Ingress> {
         Ok(serde_json::from_value(json!({

@@ -182,6 +182,11 @@ impl ControllerProcess {
         Ok(Self { child, render_dir, log, _dir: dir })
     }
 
+    /// Starts the controller on the chart's configuration (`haptic`) with its journal at `journal`.
+    pub fn launch_library(env: &Manifest, namespace: &str, journal: &Path) -> Result<Self> {
+        Self::launch(env, namespace, "haptic", tempfile::tempdir()?, journal, &Launch::default())
+    }
+
     /// Every render so far, as recorded in `renders.log`.
     pub fn renders(&self) -> Vec<serde_json::Value> {
         let text = std::fs::read_to_string(self.render_dir.join("renders.log")).unwrap_or_default();

@@ -178,6 +178,15 @@ pub async fn apply_library_config(
     apply_chart_config(client, namespace, release, &placement, None).await
 }
 
+/// A namespace of its own for the chart's library on the environment's pods: the chart's CRD
+/// served, the pods registered in it, and the Dataplane credentials Secret `dataplane`.
+pub async fn library_namespace(env: &super::Manifest, client: &kube::Client, test: &str) -> Result<String> {
+    super::chart::apply_chart_crd(client).await?;
+    let namespace = env.fresh_namespace(client, test).await?;
+    super::fixtures::dataplane_secret(client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    Ok(namespace)
+}
+
 /// Applies the chart's default configuration (`haptic`) for the environment's pods: each binds
 /// its own address (`POD_IP` in its environment), keeps its files in its own directory (the
 /// one HAProxy and its Dataplane API run in), and is deployed to through its Dataplane API
