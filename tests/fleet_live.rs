@@ -46,6 +46,23 @@ async fn a_change_is_traced_through_validation_to_every_pod_and_metrics_follow_s
     ensure!(full_before >= env.pods.len() as f64, "one full sync per pod at least: {full_before}");
 
     // A real Ingress change: one trace, with validation and a push under each pod's span.
+    // The deployed configuration answers the readiness probe: wait until the prober (kubelet's
+    // part) has said so, or that pod change and the Ingress would be rendered as one change,
+    // traced under whichever came first.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    let ready = |pod: &k8s_openapi::api::core::v1::Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pods.list(&Default::default()).await?.iter().all(ready) {
+        ensure!(Instant::now() < deadline, "the configured pods did not turn Ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Let the render of that readiness change settle before the change this test traces.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     let ingress = serde_json::from_value(json!({
         "metadata": {"name": "traced"},
