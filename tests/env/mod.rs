@@ -111,7 +111,22 @@ pub struct Writes {
 
 impl EnvPod {
     /// How many times the HAProxy master reloaded, as it counts them (`show proc`).
+    ///
+    /// A reload the Dataplane API started may still be under way when a test asks (the reload
+    /// command returns before the master has re-executed, and on HAProxy 2.6 the master CLI
+    /// refuses connections while it does): the question is asked again for up to ten seconds.
     pub fn reloads(&self) -> Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.reloads_once() {
+                Ok(count) => return Ok(count),
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                Err(error) => return Err(error.context(format!("{}: master CLI unanswered for 10 s", self.name))),
+            }
+        }
+    }
+
+    fn reloads_once(&self) -> Result<u64> {
         let mut socket = std::os::unix::net::UnixStream::connect(&self.master_socket)
             .with_context(|| format!("connecting to {}", self.master_socket.display()))?;
         socket.write_all(b"show proc\n")?;
