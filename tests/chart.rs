@@ -80,6 +80,24 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         "a default certificate is generated"
     );
 
+    // HAProxy 2.6 pods get runtime commands through the stats socket (master_runtime empty);
+    // a misspelt choice fails the install rather than silently picking one.
+    let dataplane_config = |docs: &[serde_json::Value]| -> Result<String> {
+        let bootstrap = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["data"]["dataplaneapi.yaml"].is_string())
+            .context("no ConfigMap holds dataplaneapi.yaml")?;
+        Ok(bootstrap["data"]["dataplaneapi.yaml"].as_str().unwrap_or_default().to_owned())
+    };
+    ensure!(dataplane_config(&plain)?.contains("master_runtime: \"/var/run/haproxy/master.sock\""));
+    let stats = render_chart("rel", "haptic-system", &["--set", "haproxy.dataplane.runtimeCommands=statsSocket"])?;
+    ensure!(dataplane_config(&stats)?.contains("master_runtime: \"\"\n"), "{}", dataplane_config(&stats)?);
+    let misspelt = render_chart("rel", "haptic-system", &["--set", "haproxy.dataplane.runtimeCommands=stats"]);
+    ensure!(
+        misspelt.as_ref().is_err_and(|e| format!("{e:#}").contains("masterSocket or statsSocket")),
+        "a misspelt haproxy.dataplane.runtimeCommands was rendered: {misspelt:?}"
+    );
+
     // Adding a watched type adds its RBAC rule, cluster-wide or in the namespaces it names.
     let watched = render_chart(
         "rel",

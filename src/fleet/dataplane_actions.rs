@@ -329,7 +329,8 @@ impl PodActions for DataplaneActions {
             Err(error) => return Err(failed(error)),
         };
         // Read the running HAProxy back: a patch that did not take, or cannot be read back
-        // (v3.2.7 answers 404 for a server of HAProxy 2.6 it just patched), is a full sync.
+        // (v3.2.7 answers 404 for a server of HAProxy 2.6 when it speaks to 2.6's master
+        // socket, see docs/environment.md), is a full sync.
         for action in actions {
             match runtime_state_matches(&client, action).await {
                 Ok(true) => {}

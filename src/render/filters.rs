@@ -37,6 +37,24 @@ pub(crate) fn haproxy_quote(value: &str) -> Result<String, Error> {
     Ok(format!("'{}'", value.replace('\'', r"'\''")))
 }
 
+/// `value | socket_path`: a unix socket path written bare, for `stats socket`: the Dataplane
+/// API reads that address from `haproxy.cfg` without unquoting it and dials it as it stands,
+/// so a quoted path is one HAProxy binds and the API never finds. Only absolute paths of
+/// letters, digits and `/._-` are taken; anything else is refused.
+pub(crate) fn socket_path(value: &str) -> Result<String, Error> {
+    let safe = |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-');
+    if value.starts_with('/') && value.len() > 1 && value.chars().all(safe) {
+        Ok(value.to_owned())
+    } else if let Some(c) = forbidden_char(value) {
+        Err(refuse(format!("socket_path: {value:?} holds {}, so it is not a socket path", describe(c))))
+    } else {
+        Err(refuse(format!(
+            "socket_path: {value:?} is not an absolute path of letters, digits and /._- (the Dataplane API \
+             could not dial it)"
+        )))
+    }
+}
+
 /// `value | hostname`: the value if it is a DNS name (RFC 1123, lowercase) or a wildcard
 /// `*.example.com`, else an error naming it.
 pub(crate) fn hostname(value: &str) -> Result<String, Error> {
@@ -110,6 +128,14 @@ pub(crate) fn cidr(value: &str) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_paths_are_written_bare_and_only_when_safe() {
+        assert_eq!(socket_path("/var/run/haproxy/runtime.sock").unwrap(), "/var/run/haproxy/runtime.sock");
+        for refused in ["runtime.sock", "unix@haproxy.sock", "/", "/run/a b.sock", "/run/'x'.sock", "/run/${X}", "/a\n"] {
+            assert!(socket_path(refused).is_err(), "{refused:?} was taken");
+        }
+    }
 
     #[test]
     fn quote_uses_strong_quotes_and_splices_single_quotes() {

@@ -144,6 +144,7 @@ impl Renderer {
         });
         env.add_filter("haproxy_quote", |value: &str| filters::haproxy_quote(value));
         env.add_filter("hostname", |value: &str| filters::hostname(value));
+        env.add_filter("socket_path", |value: &str| filters::socket_path(value));
         env.add_filter("map_key", |value: &str| filters::map_key(value));
         env.add_filter("haproxy_duration", |value: &str| filters::haproxy_duration(value));
         env.add_filter("one_of", |value: &str, allowed: minijinja::value::Rest<String>| {

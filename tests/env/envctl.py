@@ -474,6 +474,37 @@ def chart_file(name: str, values: dict[str, str]) -> str:
     return text
 
 
+# Where the chart mounts the volume HAProxy and its Dataplane API share (the runtime socket
+# among others). Each simulated pod sees its own directory there, as each real pod does.
+POD_RUN_MOUNT = Path("/var/run/haproxy")
+
+
+def check_pod_filesystems() -> None:
+    """Simulated pods need mount namespaces of their own (as root, with util-linux's unshare)."""
+    if shutil.which("unshare") is None:
+        raise EnvError("missing tool: `unshare` (util-linux) runs each simulated pod with a filesystem "
+                       f"view of its own ({POD_RUN_MOUNT}); install util-linux.")
+    try:
+        POD_RUN_MOUNT.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EnvError(f"cannot create the pods' mount point {POD_RUN_MOUNT}: {error}") from error
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise EnvError("cannot make a mount namespace for the simulated pods (needs root or CAP_SYS_ADMIN): "
+                       f"`unshare --mount true` said: {probe.stderr.strip()}")
+
+
+def in_pod_filesystem(pod_dir: Path, command: list[str]) -> list[str]:
+    """`command` run in a mount namespace of its own where POD_RUN_MOUNT is the pod's run
+    directory: both processes of one pod see the same files there, other pods see theirs. A
+    rendered configuration is the same for every pod, so a path in it (`stats socket
+    /var/run/haproxy/runtime.sock`) must mean each pod's own file, as it does in a cluster."""
+    script = 'mount --bind "$1" "$2"; shift 2; exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh",
+            str(pod_dir / "run"), str(POD_RUN_MOUNT), *command]
+
+
 def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Components, password: str,
               ready_timeout: float) -> dict:
     """One simulated pod, configured as the chart configures one (chart/files): HAProxy from the
@@ -481,11 +512,15 @@ def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Co
     (master socket reload for HAProxy >= 2.7, the reload script for 2.6)."""
     name = f"haproxy-{index}"
     pod_dir = sup.state_dir / "pods" / name
-    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage"):
+    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
         (pod_dir / sub).mkdir(parents=True, exist_ok=True)
     binary = components.haproxy[version]
     values = {
-        "RUNTIME_SOCKET": str(pod_dir / "haproxy.sock"),
+        # The chart's defaults (values.yaml): the pod's own file in its filesystem view.
+        "RUNTIME_SOCKET": str(POD_RUN_MOUNT / "runtime.sock"),
+        # 2.6's master CLI refuses what v3.2.7 sends through it: runtime commands go to the
+        # stats socket instead (the chart's haproxy.dataplane.runtimeCommands: statsSocket).
+        "MASTER_RUNTIME": "" if version == "2.6" else str(pod_dir / "master.sock"),
         "BIND_ADDRESS": ip,
         "HEALTH_PORT": str(HAPROXY_HEALTH_PORT),
         "HTTP_PORT": str(HAPROXY_HTTP_PORT),
@@ -511,8 +546,10 @@ def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Co
     env = {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
 
     haproxy_log = pod_dir / "haproxy.log"
-    haproxy = sup.start(f"{name}/haproxy", [str(binary), "-W", "-db", "-S", str(pod_dir / "master.sock"),
-                                             "-p", str(pod_dir / "haproxy.pid"), "-f", str(pod_dir / "haproxy.cfg")],
+    haproxy = sup.start(f"{name}/haproxy",
+                        in_pod_filesystem(pod_dir, [str(binary), "-W", "-db", "-S", str(pod_dir / "master.sock"),
+                                                    "-p", str(pod_dir / "haproxy.pid"),
+                                                    "-f", str(pod_dir / "haproxy.cfg")]),
                         haproxy_log, env=env, cwd=pod_dir)
     wait_until(f"HAProxy {version} of pod {name} ({ip}:{HAPROXY_HTTP_PORT})", haproxy_log,
                lambda: tcp_answers(ip, HAPROXY_HTTP_PORT) and (pod_dir / "master.sock").exists(),
@@ -532,7 +569,8 @@ def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Co
         "logs": {"haproxy": str(haproxy_log)},
     }
     dataplane_log = pod_dir / "dataplaneapi.log"
-    dataplane = sup.start(f"{name}/dataplaneapi", [str(components.dataplaneapi), "-f", str(pod_dir / "dataplaneapi.yaml")],
+    dataplane = sup.start(f"{name}/dataplaneapi",
+                          in_pod_filesystem(pod_dir, [str(components.dataplaneapi), "-f", str(pod_dir / "dataplaneapi.yaml")]),
                           dataplane_log, env=env, cwd=pod_dir)
     dataplane_url = f"http://{ip}:{DATAPLANE_PORT}/v3"
     auth = "Basic " + b64encode(f"{DATAPLANE_USER}:{password}".encode()).decode()
@@ -624,6 +662,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         check_ports_free(wanted)
         components = install(fetch=not args.no_install)
         check_versions(args.haproxy_versions.split(","), components)
+        check_pod_filesystems()
 
         for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol"):
             path = state_dir / stale
@@ -809,7 +848,8 @@ def cmd_dataplane(args: argparse.Namespace) -> int:
         sup = Supervisor(state_dir, [p for p in processes if p.name != name])
         env = {"POD_IP": pod["ip"], "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
         log_path = Path(pod["logs"]["dataplaneapi"])
-        proc = sup.start(name, [str(binary), "-f", str(pod_dir / "dataplaneapi.yaml")], log_path, env=env, cwd=pod_dir)
+        proc = sup.start(name, in_pod_filesystem(pod_dir, [str(binary), "-f", str(pod_dir / "dataplaneapi.yaml")]),
+                         log_path, env=env, cwd=pod_dir)
         ip = pod["ip"]
         wait_until(f"Dataplane API of pod {args.pod}", log_path, lambda: tcp_answers(ip, DATAPLANE_PORT), 30, proc)
     return 0

@@ -189,7 +189,8 @@ pub async fn library_namespace(env: &super::Manifest, client: &kube::Client, tes
 
 /// Applies the chart's default configuration (`haptic`) for the environment's pods: each binds
 /// its own address (`POD_IP` in its environment), keeps its files in its own directory (the
-/// one HAProxy and its Dataplane API run in), and is deployed to through its Dataplane API
+/// one HAProxy and its Dataplane API run in), has its runtime socket where the chart puts it
+/// (each pod sees its own `/var/run/haproxy`), and is deployed to through its Dataplane API
 /// with the credentials of the Secret `dataplane` (see `fixtures::dataplane_secret`).
 pub async fn apply_library_config_for_pods(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
     let placement = [
@@ -197,7 +198,6 @@ pub async fn apply_library_config_for_pods(client: &kube::Client, namespace: &st
         ("haproxy.paths.maps", "maps".into()),
         ("haproxy.paths.general", "general".into()),
         ("haproxy.paths.certs", "ssl".into()),
-        ("haproxy.paths.runtimeSocket", "unix@haproxy.sock".into()),
         ("haproxy.dataplane.existingSecret", "dataplane".into()),
     ];
     let env_pods =
