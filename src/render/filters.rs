@@ -132,7 +132,8 @@ mod tests {
     #[test]
     fn socket_paths_are_written_bare_and_only_when_safe() {
         assert_eq!(socket_path("/var/run/haproxy/runtime.sock").unwrap(), "/var/run/haproxy/runtime.sock");
-        for refused in ["runtime.sock", "unix@haproxy.sock", "/", "/run/a b.sock", "/run/'x'.sock", "/run/${X}", "/a\n"] {
+        for refused in ["runtime.sock", "unix@haproxy.sock", "/", "/run/a b.sock", "/run/'x'.sock", "/run/${X}", "/a\n"]
+        {
             assert!(socket_path(refused).is_err(), "{refused:?} was taken");
         }
     }
