@@ -108,9 +108,12 @@ async fn a_fresh_notready_pod_is_configured_becomes_ready_and_an_ingress_change_
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     let after = writes_of_every_pod().await?;
     for ((pod, before), after) in env.pods.iter().zip(&before).zip(&after) {
+        // HAProxy 2.6 keeps a client's open connection on a server's old address after a
+        // runtime address change (measured), so a serving server moves there with a reload.
+        let reloads = u64::from(pod.haproxy_version.starts_with("2.6"));
         ensure!(
-            after.version == before.version + 1 && after.reloads == before.reloads,
-            "{}: a Service switch should be one write and no reload: {before:?} → {after:?}",
+            after.version == before.version + 1 && after.reloads == before.reloads + reloads,
+            "{}: a Service switch should be one write and {reloads} reloads: {before:?} → {after:?}",
             pod.name
         );
     }
@@ -283,17 +286,31 @@ async fn an_invalid_configuration_changes_no_pod_says_haproxys_message_and_a_fix
 }
 
 #[tokio::test]
-async fn a_reload_that_fails_on_one_pod_leaves_it_serving_its_last_good_files_and_it_is_not_pushed_again() -> Result<()>
-{
+async fn a_reload_that_fails_on_a_2_8_and_a_2_6_pod_leaves_both_on_their_last_good_files_unpushed() -> Result<()> {
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
     let hint = format!("reload-{}", std::process::id());
     let (client, namespace) = setup("reload-fails", &own_template(&hint, ""), "2s").await?;
     let controller = launch(env, &namespace)?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
-    // A valid configuration with an extra listener whose address is taken on pod 0 only.
-    let victim = &env.pods[0];
-    let _taken = TcpListener::bind((victim.ip.as_str(), 18480)).context("taking the port on pod 0")?;
+    // A valid configuration with an extra listener whose address is taken on one 2.8 pod and
+    // on the 2.6 pod (reloaded by the chart's script, which waits for the reload to take).
+    let victims: Vec<&env::EnvPod> = env
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(i, pod)| *i == 0 || pod.haproxy_version.starts_with("2.6"))
+        .map(|(_, pod)| pod)
+        .take(2)
+        .collect();
+    let is_victim = |name: &serde_json::Value| victims.iter().any(|v| *name == v.name.as_str());
+    let mut taken = Vec::new();
+    for victim in &victims {
+        taken.push(
+            TcpListener::bind((victim.ip.as_str(), 18480))
+                .with_context(|| format!("taking a port on {}", victim.name))?,
+        );
+    }
     let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
     let with_listener = own_template(&hint, "frontend extra\n    bind \"${POD_IP}:18480\"\n    default_backend app\n");
     configs
@@ -303,32 +320,44 @@ async fn a_reload_that_fails_on_one_pod_leaves_it_serving_its_last_good_files_an
             &Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": with_listener}}})),
         )
         .await?;
-    let others = env.pods.len() - 1;
+    let others = env.pods.len() - victims.len();
     let deadline = Instant::now() + WITHIN;
     let failed = loop {
         let pods = controller.pods_view().await?;
-        let failed =
-            pods.iter().find(|p| p["name"] == victim.name.as_str() && p["lastTransition"]["reason"] == "ReloadFailed");
-        let synced = pods.iter().filter(|p| p["name"] != victim.name.as_str() && p["state"] == "InSync").count();
-        if let Some(failed) = failed
-            && synced == others
-        {
-            break failed.clone();
+        let failed: Vec<serde_json::Value> = pods
+            .iter()
+            .filter(|p| is_victim(&p["name"]) && p["lastTransition"]["reason"] == "ReloadFailed")
+            .cloned()
+            .collect();
+        let synced = pods.iter().filter(|p| !is_victim(&p["name"]) && p["state"] == "InSync").count();
+        if failed.len() == victims.len() && synced == others {
+            break failed;
         }
-        ensure!(Instant::now() < deadline, "no ReloadFailed on {}: {pods:#?}\n{}", victim.name, controller.log_tail());
+        ensure!(Instant::now() < deadline, "no ReloadFailed on {victims:?}: {pods:#?}\n{}", controller.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let error = failed["lastError"].as_str().unwrap_or_default();
-    ensure!(error.contains("cannot bind socket") || error.contains("Address already in use"), "{error}");
-    // It serves its last good files, and is left alone over several drift intervals.
-    let text = env.dataplane(victim).raw_configuration().await?.text;
-    ensure!(!text.contains("frontend extra"), "the pod kept the refused file");
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    env::get_until_answered_by(&http, &victim.http_address, &env.backends[0].name).await?;
-    let before = env.writes(victim).await?;
+    for (victim, failed) in victims.iter().zip(&failed) {
+        let error = failed["lastError"].as_str().unwrap_or_default();
+        // 2.8 reports HAProxy's own alert through the master CLI; the 2.6 reload script says
+        // that the new configuration did not start.
+        ensure!(
+            error.contains("cannot bind socket")
+                || error.contains("Address already in use")
+                || error.contains("does not start on this pod"),
+            "{}: {error}",
+            victim.name
+        );
+        // It serves its last good files, and is left alone over several drift intervals.
+        let text = env.dataplane(victim).raw_configuration().await?.text;
+        ensure!(!text.contains("frontend extra"), "{} kept the refused file", victim.name);
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+        env::get_until_answered_by(&http, &victim.http_address, &env.backends[0].name).await?;
+    }
+    let before = writes_of_every_pod().await?;
     tokio::time::sleep(Duration::from_secs(7)).await;
-    let after = env.writes(victim).await?;
+    let after = writes_of_every_pod().await?;
     ensure!(after == before, "the refused files were pushed again: {before:?} → {after:?}");
+    drop(taken);
     Ok(())
 }
 
@@ -584,6 +613,74 @@ async fn files_uploaded_before_a_crash_are_put_back_by_the_next_run_when_the_pod
         }
         ensure!(Instant::now() < deadline, "the map uploaded before the crash stayed: {map:?}\n{}", second.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A Service's endpoint moves to another port while every pod has a client's request in
+/// flight on a kept-alive connection: the next requests on that same connection reach the new
+/// port on every pod. HAProxy 2.6 keeps such a connection on the old address after a runtime
+/// address change (it did so for 60 s in the deploy benchmark), so there the move is a reload;
+/// on 2.8 it is a runtime change.
+#[tokio::test]
+async fn an_endpoint_moving_port_reaches_clients_whose_request_was_in_flight_on_every_pod() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let client = env.kube_client().await?;
+    let namespace = library_namespace(env, &client, "moving").await?;
+    let work = tempfile::tempdir()?;
+    let address = own_address()?;
+    let _backends = start_backends(work.path(), &address, &[("old-port".into(), 18710), ("new-port".into(), 18711)])?;
+    service_with_endpoints(&client, &namespace, "web", &address, 18710).await?;
+    apply_library_config_for_pods(&client, &namespace, "moving").await?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let ingress = serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"ingressClassName": "haproxy",
+        "rules": [{"host": "web.moving.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}))?;
+    ingresses.create(&PostParams::default(), &ingress).await?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
+    every_pod_answers(env, "web.moving.example", "old-port").await?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+
+    // One kept-alive connection per pod, busy with a 3 s answer while the endpoint moves.
+    let mut in_flight = Vec::new();
+    for pod in &env.pods {
+        let http = reqwest::Client::builder().pool_max_idle_per_host(1).timeout(Duration::from_secs(20)).build()?;
+        let request = http
+            .get(format!("http://{}/stream?seconds=3", pod.http_address))
+            .header("Host", "web.moving.example")
+            .send();
+        let task = tokio::spawn(async move { request.await?.text().await });
+        in_flight.push((pod, http, task));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    slices
+        .patch("web-1", &PatchParams::default(), &Patch::Merge(json!({"ports": [{"name": "http", "port": 18711}]})))
+        .await?;
+    for (pod, http, task) in in_flight {
+        let streamed = task.await??;
+        ensure!(streamed.contains("backend=old-port"), "{}: the answer in flight was cut: {streamed}", pod.name);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let answer = http
+                .get(format!("http://{}/hello", pod.http_address))
+                .header("Host", "web.moving.example")
+                .send()
+                .await?
+                .text()
+                .await?;
+            if answer.contains("backend=new-port ") {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{} (HAProxy {}): a kept-alive connection still reaches the old port 15 s after the move: {answer}",
+                pod.name,
+                pod.haproxy_version
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     Ok(())
 }

@@ -28,7 +28,7 @@ use crate::dataplane::{
 };
 use crate::files::Checksum;
 use crate::journal::{Journal, PodUid};
-use crate::plan::{RuntimeAction, runtime_actions_header};
+use crate::plan::{AddressChanges, RuntimeAction, runtime_actions_header};
 
 /// How long a reload may take before the push counts as failed.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -243,7 +243,16 @@ impl PodActions for DataplaneActions {
             let path = format!("certs/{name}");
             observed.push((path.clone(), Checksum::of(path.as_bytes())));
         }
-        Ok(Reading { observed, version, copy })
+        // HAProxy's version decides which address changes can be made at run time; a runtime
+        // that does not answer gets the cautious answer (it takes no runtime patch anyway).
+        let address_changes = match client.runtime_info().await {
+            Ok(info) => info["info"]["version"].as_str().map(AddressChanges::of_version).unwrap_or_default(),
+            Err(error) => {
+                tracing::debug!(pod = %pod.name, %error, "HAProxy's runtime information is unreadable");
+                AddressChanges::default()
+            }
+        };
+        Ok(Reading { observed, version, copy, address_changes })
     }
 
     async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, ActionError> {

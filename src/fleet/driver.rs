@@ -22,7 +22,7 @@ use super::machine::{Action, Event, FileChecksums, PodMachine, State};
 use crate::dataplane::ConfigVersion;
 use crate::files::{Checksum, FileSet};
 use crate::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
-use crate::plan::{Plan, RuntimeAction};
+use crate::plan::{AddressChanges, Plan, RuntimeAction};
 use crate::telemetry::traces::{TraceParent, trace_id_of};
 
 /// The pod a driver works on.
@@ -111,6 +111,9 @@ pub struct Reading {
     pub version: ConfigVersion,
     /// The push the pod's configuration file is a copy of, when it is recognised as one.
     pub copy: Option<StoredCopy>,
+    /// What the pod's HAProxy does with open connections when a server's address changes at
+    /// run time (from its version; the cautious answer when it cannot be read).
+    pub address_changes: AddressChanges,
 }
 
 /// What a runtime patch came to.
@@ -215,6 +218,9 @@ pub struct PodDriver<A: PodActions> {
     /// The configuration version last read from the pod or left by a push: the base of the
     /// next write, so that a write by anyone else in between is a conflict, not overwritten.
     base_version: Option<ConfigVersion>,
+    /// What the pod's HAProxy does with open connections when a server's address changes at
+    /// run time, as last verified.
+    address_changes: AddressChanges,
     /// A runtime patch was cut short (or the journal says one was in flight when the controller
     /// stopped): the pod's file may claim files whose runtime changes never took, so only a
     /// full sync settles it.
@@ -276,6 +282,7 @@ impl<A: PodActions> PodDriver<A> {
             runtime_actions: Vec::new(),
             copy,
             base_version: None,
+            address_changes: AddressChanges::default(),
             patch_in_doubt,
         }
     }
@@ -393,6 +400,7 @@ impl<A: PodActions> PodDriver<A> {
             Action::Verify => match self.actions.verify(pod, self.copy.as_ref(), self.patch_in_doubt).await {
                 Ok(reading) => {
                     self.base_version = Some(reading.version);
+                    self.address_changes = reading.address_changes;
                     if reading.copy.is_some() {
                         self.copy = reading.copy;
                     }
@@ -528,6 +536,7 @@ impl<A: PodActions> PodDriver<A> {
             &auxiliary(pushed),
             &desired.haproxy_cfg.content,
             &auxiliary(desired),
+            self.address_changes,
         ) {
             Plan::Runtime(actions) => Some(actions),
             Plan::NoOp | Plan::Full => None,
@@ -686,7 +695,7 @@ mod tests {
         async fn verify(&self, _: &PodTarget, _: Option<&StoredCopy>, _: bool) -> Result<Reading, ActionError> {
             self.call("verify");
             let observed = self.runs.lock().unwrap().clone().unwrap_or_default();
-            Ok(Reading { observed, version: ConfigVersion(1), copy: None })
+            Ok(Reading { observed, version: ConfigVersion(1), copy: None, address_changes: AddressChanges::Followed })
         }
         async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, ActionError> {
             self.call("validate");

@@ -164,7 +164,12 @@ mod tests {
                 return Err(ActionError::Failed("connection refused".into()));
             }
             let observed = self.runs.lock().unwrap().get(&pod.uid.0).cloned().unwrap_or_default();
-            Ok(Reading { observed, version: ConfigVersion(1), copy: None })
+            Ok(Reading {
+                observed,
+                version: ConfigVersion(1),
+                copy: None,
+                address_changes: crate::plan::AddressChanges::Followed,
+            })
         }
         async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, ActionError> {
             Ok(Validation::Passed)

@@ -65,6 +65,32 @@ impl fmt::Display for RuntimeAction {
     }
 }
 
+/// What a pod's HAProxy does with a server's open connections when the server's address or
+/// port changes at run time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressChanges {
+    /// Every request after the change goes to the new address (HAProxy 2.7 and later).
+    Followed,
+    /// A client connection whose request was in flight during the change keeps reusing its
+    /// server connection to the old address, for as long as the client keeps it open
+    /// (HAProxy 2.6, measured): only a server out of traffic before or after the change may
+    /// change address at run time; a serving one needs a reload. Assumed when the version is
+    /// not known.
+    #[default]
+    OnlyOutOfTraffic,
+}
+
+impl AddressChanges {
+    /// What the HAProxy of this version (`2.6.12-1+deb12u4`, `2.8.25-5cf5d0683`) does.
+    pub fn of_version(version: &str) -> Self {
+        let mut numbers = version.split(|c: char| !c.is_ascii_digit()).map(str::parse::<u32>);
+        match (numbers.next(), numbers.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (2, 7) => Self::Followed,
+            _ => Self::OnlyOutOfTraffic,
+        }
+    }
+}
+
 /// What a pod needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
@@ -83,12 +109,14 @@ pub fn runtime_actions_header(actions: &[RuntimeAction]) -> String {
 }
 
 /// Compares what was pushed with what is desired: the main configuration's text and the
-/// checksums of every auxiliary file (maps, general files) by name.
+/// checksums of every auxiliary file (maps, general files) by name, for a pod whose HAProxy
+/// handles address changes as `address_changes` says.
 pub fn plan(
     pushed_config: &str,
     pushed_files: &BTreeMap<String, Checksum>,
     desired_config: &str,
     desired_files: &BTreeMap<String, Checksum>,
+    address_changes: AddressChanges,
 ) -> Plan {
     if pushed_files != desired_files {
         return Plan::Full;
@@ -96,14 +124,18 @@ pub fn plan(
     if pushed_config == desired_config {
         return Plan::NoOp;
     }
-    match runtime_difference(&parse(pushed_config), &parse(desired_config)) {
+    match runtime_difference(&parse(pushed_config), &parse(desired_config), address_changes) {
         Some(actions) => Plan::Runtime(actions),
         None => Plan::Full,
     }
 }
 
 /// The runtime actions that turn `old` into `new`, or `None` when a reload is needed.
-pub fn runtime_difference(old: &ParsedConfig, new: &ParsedConfig) -> Option<Vec<RuntimeAction>> {
+pub fn runtime_difference(
+    old: &ParsedConfig,
+    new: &ParsedConfig,
+    address_changes: AddressChanges,
+) -> Option<Vec<RuntimeAction>> {
     if old.preamble != new.preamble || old.sections.len() != new.sections.len() {
         return None;
     }
@@ -126,13 +158,18 @@ pub fn runtime_difference(old: &ParsedConfig, new: &ParsedConfig) -> Option<Vec<
         }
         let backend = before.header.get(1).cloned().unwrap_or_default();
         for (was, is) in before.servers.iter().zip(&after.servers) {
-            actions.extend(server_difference(&backend, was, is)?);
+            actions.extend(server_difference(&backend, was, is, address_changes)?);
         }
     }
     Some(actions)
 }
 
-fn server_difference(backend: &str, was: &Server, is: &Server) -> Option<Vec<RuntimeAction>> {
+fn server_difference(
+    backend: &str,
+    was: &Server,
+    is: &Server,
+    address_changes: AddressChanges,
+) -> Option<Vec<RuntimeAction>> {
     // Only backends (and listen sections) have servers the Runtime API can address; a name or
     // any other keyword changing needs a reload. So does adding or removing a port or weight
     // (the runtime cannot express "no port" or "default weight").
@@ -142,9 +179,13 @@ fn server_difference(backend: &str, was: &Server, is: &Server) -> Option<Vec<Run
     if was.weight.is_some() != is.weight.is_some() {
         return None;
     }
+    let moved = was.address != is.address || was.port != is.port;
+    if moved && !was.disabled && !is.disabled && address_changes == AddressChanges::OnlyOutOfTraffic {
+        return None;
+    }
     let mut actions = Vec::new();
     let (server, backend) = (is.name.clone(), backend.to_owned());
-    if was.address != is.address || was.port != is.port {
+    if moved {
         actions.push(RuntimeAction::SetAddress {
             backend: backend.clone(),
             server: server.clone(),
@@ -178,7 +219,7 @@ frontend http\n    bind :80\n    default_backend app\n\nbackend app\n    balance
 server s3 10.0.0.3:8080 weight 10 check disabled\n";
 
     fn plan_text(old: &str, new: &str) -> Plan {
-        plan(old, &BTreeMap::new(), new, &BTreeMap::new())
+        plan(old, &BTreeMap::new(), new, &BTreeMap::new(), AddressChanges::Followed)
     }
 
     #[test]
@@ -240,7 +281,32 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
     fn an_auxiliary_file_change_is_a_full_sync_even_with_the_same_config() {
         let old = BTreeMap::from([("maps/host.map".to_owned(), Checksum::of(b"a"))]);
         let new = BTreeMap::from([("maps/host.map".to_owned(), Checksum::of(b"b"))]);
-        assert_eq!(plan(BASE, &old, BASE, &new), Plan::Full);
+        assert_eq!(plan(BASE, &old, BASE, &new, AddressChanges::Followed), Plan::Full);
+    }
+
+    #[test]
+    fn on_haproxy_2_6_a_serving_server_moves_only_with_a_reload() {
+        assert_eq!(AddressChanges::of_version("2.6.12-1+deb12u4"), AddressChanges::OnlyOutOfTraffic);
+        assert_eq!(AddressChanges::of_version("2.8.25-5cf5d0683"), AddressChanges::Followed);
+        assert_eq!(AddressChanges::of_version("3.2.0"), AddressChanges::Followed);
+        assert_eq!(AddressChanges::of_version("garbage"), AddressChanges::OnlyOutOfTraffic);
+        let strict =
+            |old: &str, new: &str| plan(old, &BTreeMap::new(), new, &BTreeMap::new(), AddressChanges::OnlyOutOfTraffic);
+        // s1 serves before and after: its open connections would stay on the old address.
+        assert_eq!(strict(BASE, &BASE.replace("10.0.0.1:8080", "10.0.0.9:8080")), Plan::Full);
+        assert_eq!(strict(BASE, &BASE.replace("10.0.0.1:8080", "10.0.0.1:9090")), Plan::Full);
+        // s3 is disabled: it takes its new address and then traffic (the slots' scale-up).
+        let enabled = BASE.replace("10.0.0.3:8080 weight 10 check disabled", "10.0.0.7:8080 weight 10 check");
+        let Plan::Runtime(actions) = strict(BASE, &enabled) else { panic!("a slot taken at run time") };
+        assert_eq!(runtime_actions_header(&actions), "SetServerAddr app s3 10.0.0.7 8080;SetServerState app s3 ready");
+        // s2 leaves traffic: its address may change with it (the slots' scale-down).
+        let disabled = BASE.replace("10.0.0.2:8080 weight 10 check", "127.0.0.1:1 weight 10 check disabled");
+        assert!(matches!(strict(BASE, &disabled), Plan::Runtime(_)));
+        // Weights and states alone move nothing.
+        assert!(matches!(
+            strict(BASE, &BASE.replace("s2 10.0.0.2:8080 weight 10", "s2 10.0.0.2:8080 weight 50")),
+            Plan::Runtime(_)
+        ));
     }
 
     fn server_line() -> impl Strategy<Value = (u8, u16, u8, bool)> {
@@ -288,6 +354,33 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
                     let count = actions.iter().filter(|a| has(a)).count();
                     let expected = usize::from((ip0, port0) != (ip1, port1)) + usize::from(w0 != w1) + usize::from(d0 != d1);
                     prop_assert_eq!(count, expected);
+                }
+            }
+        }
+
+        /// For HAProxy 2.6, a runtime plan never moves a server that serves before and after,
+        /// and every other runtime-only change still is one.
+        #[test]
+        fn on_2_6_only_servers_out_of_traffic_move_at_run_time(
+            before in proptest::collection::vec(server_line(), 1..8),
+            seed in proptest::collection::vec(server_line(), 8),
+        ) {
+            let after: Vec<_> = before.iter().zip(&seed).map(|(_, s)| *s).collect();
+            let plan = plan(&config_with(&before, ""), &BTreeMap::new(), &config_with(&after, ""), &BTreeMap::new(),
+                AddressChanges::OnlyOutOfTraffic);
+            let serving_moved = before.iter().zip(&after)
+                .any(|((ip0, port0, _, d0), (ip1, port1, _, d1))| (ip0, port0) != (ip1, port1) && !d0 && !d1);
+            match plan {
+                Plan::Full => prop_assert!(serving_moved),
+                Plan::NoOp => prop_assert_eq!(&before, &after),
+                Plan::Runtime(actions) => {
+                    prop_assert!(!serving_moved);
+                    for action in &actions {
+                        if let RuntimeAction::SetAddress { server, .. } = action {
+                            let i: usize = server[1..].parse().unwrap_or(usize::MAX);
+                            prop_assert!(before[i].3 || after[i].3, "{} moved while serving", server);
+                        }
+                    }
                 }
             }
         }
