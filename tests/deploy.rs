@@ -292,6 +292,14 @@ async fn a_reload_that_fails_on_a_2_8_and_a_2_6_pod_leaves_both_on_their_last_go
     let hint = format!("reload-{}", std::process::id());
     let (client, namespace) = setup("reload-fails", &own_template(&hint, ""), "2s").await?;
     let controller = launch(env, &namespace)?;
+    // An Ingress in every render (the template writes a backend for it), changed later in a
+    // way that renders the same files.
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let steady = serde_json::from_value(
+        json!({"metadata": {"name": "steady"}, "spec": {"rules": [{"host": "steady.example"}]}}),
+    )?;
+    ingresses.create(&PostParams::default(), &steady).await?;
+    controller.wait_for_config("the steady Ingress", WITHIN, |cfg| cfg.contains("ingress_steady")).await?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     // A valid configuration with an extra listener whose address is taken on one 2.8 pod and
     // on the 2.6 pod (reloaded by the chart's script, which waits for the reload to take).
@@ -353,10 +361,25 @@ async fn a_reload_that_fails_on_a_2_8_and_a_2_6_pod_leaves_both_on_their_last_go
         let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
         env::get_until_answered_by(&http, &victim.http_address, &env.backends[0].name).await?;
     }
+    // A render of the same files (the Ingress annotated) and several drift intervals: the
+    // refused files are neither validated nor pushed again (a render of them used to be
+    // validated, pass, and be pushed into the same failure, every 2 s).
     let before = writes_of_every_pod().await?;
+    ingresses
+        .patch(
+            "steady",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
+        )
+        .await?;
     tokio::time::sleep(Duration::from_secs(7)).await;
     let after = writes_of_every_pod().await?;
     ensure!(after == before, "the refused files were pushed again: {before:?} → {after:?}");
+    let pods = controller.pods_view().await?;
+    for victim in &victims {
+        let view = pods.iter().find(|p| p["name"] == victim.name.as_str()).context("victim in the view")?;
+        ensure!(view["lastTransition"]["reason"] == "ReloadFailed", "{}: {view:#}", victim.name);
+    }
     drop(taken);
     Ok(())
 }

@@ -235,6 +235,9 @@ pub const TABLE: &[Transition] = &[
     // Start, and after losing track of a pod: verify before anything else.
     row(Unknown, E::Verified, G::ObservedIsPushedIsDesired, InSync, &[]),
     row(Unknown, E::Verified, G::RuntimeOnly, RuntimePatching, &[RuntimePatch]),
+    // Files this pod refused are not tried again until the desired files change (a version
+    // conflict after the refusal reads the pod again; that is no reason to retry).
+    row(Unknown, E::Verified, G::Refused, Validating, &[]),
     row(Unknown, E::Verified, G::Always, Validating, &[Validate]),
     row(Unknown, E::DesiredChanged, G::Always, Unknown, &[Verify]),
     row(Unknown, E::ActionFailed, G::Always, Unknown, &[ScheduleRetry]),
@@ -246,6 +249,9 @@ pub const TABLE: &[Transition] = &[
     row(Validating, E::ActionFailed, G::Always, Validating, &[ScheduleRetry]),
     row(Validating, E::RetryDue, G::Always, Validating, &[Validate]),
     row(Validating, E::DesiredChanged, G::PushedIsDesired, Unknown, &[Verify]),
+    // A render of the very files this pod refused (another object changed, a pod's
+    // readiness moved): nothing new to try.
+    row(Validating, E::DesiredChanged, G::Refused, Validating, &[]),
     row(Validating, E::DesiredChanged, G::Always, Validating, &[Validate]),
     // Refused files are not tried again on a timer: a reload storm helps no one.
     row(Validating, E::DriftTick, G::Refused, Validating, &[]),
@@ -405,12 +411,13 @@ impl PodMachine {
         self.state = transition.to;
         // Success clears the failure; a verification that found the pod as intended does too.
         // (A render of files this pod already refused keeps the refusal's error on show.)
+        // A refusal lasts until the desired files change or a push takes (see above): a
+        // verification or a validation passing says nothing about whether HAProxy would
+        // reload with them, and keeps the refusal's error on show.
         let success = matches!(kind, E::ValidationPassed | E::Pushed | E::RuntimePatched | E::Verified);
-        if success || (kind == E::DesiredChanged && self.refused.is_none()) {
+        if (success || kind == E::DesiredChanged) && self.refused.is_none() {
             self.last_error = None;
             self.attempts = 0;
-            // A refusal lasts as long as its error: both end with the next success.
-            self.refused = None;
         }
         Step { from, to: transition.to, row: Some(index), actions: transition.actions.to_vec() }
     }
@@ -525,9 +532,18 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(pod.step(&Event::DriftTick).actions, [], "no push on a timer");
         }
+        // A render of the same files (another object changed, a pod's readiness moved) is
+        // nothing new to try: validating would pass and push them into the same failure.
         let same = pod.step(&Event::DesiredChanged { desired: files(2), runtime_only: false });
-        assert_eq!(same.actions, [Validate], "a render is news: validate, still no push without it passing");
+        assert_eq!(same.actions, [], "the refused files are not validated again");
+        assert_eq!(pod.last_error.as_deref(), Some("cannot bind socket"), "the refusal stays on show");
         assert_eq!(pod.step(&Event::DriftTick).actions, [], "the same files stay refused");
+        // Read again (a version conflict sends a pod back to verification): still refused.
+        pod.state = Unknown;
+        let verified = pod.step(&Event::Verified { observed: Some(files(1)) });
+        assert_eq!((verified.to, verified.actions), (Validating, vec![]));
+        assert_eq!(pod.refused, Some(files(2)));
+        assert_eq!(pod.last_error.as_deref(), Some("cannot bind socket"));
         pod.step(&Event::DesiredChanged { desired: files(3), runtime_only: false });
         assert_eq!(pod.refused, None, "new files are a new chance");
         assert_eq!(pod.step(&Event::ValidationPassed).actions, [Push]);
