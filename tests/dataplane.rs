@@ -91,3 +91,48 @@ async fn an_invalid_config_is_refused_with_haproxys_message_and_changes_nothing(
     assert_eq!(dataplane.raw_configuration().await?, before);
     Ok(())
 }
+
+/// Reloads one right after another succeed on every pod and each is counted by HAProxy's
+/// master: on 2.6 the chart's reload script waits for a reload still finishing before it
+/// signals (a signal sent then was taken for that reload, and the next one reported failed:
+/// seen once in CI through `tests/watch.rs`, and every time against a standalone 2.6 master;
+/// this test did not catch it on the environment's pods, where it is kept as a guard).
+#[tokio::test]
+async fn back_to_back_reloads_all_take_on_every_pod() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    for pod in &env.pods {
+        let dataplane = env.dataplane(pod);
+        let before = pod.reloads()?;
+        for round in 0..6 {
+            let backend = &env.backends[round % 2];
+            let version = dataplane.configuration_version().await?;
+            let pushed = dataplane.push_raw(&env::config_routing_to(backend), version, PushMode::ForceReload).await;
+            ensure!(pushed.is_ok(), "{} (HAProxy {}), reload {round}: {pushed:?}", pod.name, pod.haproxy_version);
+        }
+        let reloads = pod.reloads()? - before;
+        ensure!(reloads == 6, "{} (HAProxy {}): {reloads} reloads counted for 6 pushes", pod.name, pod.haproxy_version);
+        // Tighter than the API ever runs it: the pod's reload script itself, ten times in a row.
+        if pod.haproxy_version.starts_with("2.6") {
+            let before = pod.reloads()?;
+            for round in 0..10 {
+                let run = std::process::Command::new(pod.dir.join("reload-haproxy.sh")).output()?;
+                ensure!(
+                    run.status.success(),
+                    "{}: reload script run {round}: {}",
+                    pod.name,
+                    String::from_utf8_lossy(&run.stderr)
+                );
+            }
+            let reloads = pod.reloads()? - before;
+            ensure!(reloads == 10, "{}: {reloads} reloads counted for 10 runs of the reload script", pod.name);
+        }
+        env::get_until_answered_by(
+            &reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?,
+            &pod.http_address,
+            &env.backends[1].name,
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -49,6 +49,17 @@ reexecuting() {
     tr '\0' ' ' < "/proc/$master/cmdline" 2>/dev/null | grep -q -- ' -sf '
 }
 
+# A reload that has just taken may still be finishing (the master re-executes once more after
+# its new worker is ready): a signal now would be lost or taken for that one. Wait it out.
+started=$(date +%s)
+while reexecuting; do
+    if [ $(( $(date +%s) - started )) -ge "$timeout_seconds" ]; then
+        echo "HAProxy's master was still re-executing after ${timeout_seconds}s (see HAProxy's log)" >&2
+        exit 1
+    fi
+    sleep 0.05
+done
+
 old=$(workers)
 kill -USR2 "$master" || exit 1
 
