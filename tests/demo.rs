@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, Launch};
 use env::standalone::{
-    apply_library_config_for_pods, library_namespace, own_address, service_with_endpoints, start_backends,
+    apply_library_config_for_pods, backend_host_address, library_namespace, service_with_endpoints, start_backends,
 };
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -53,7 +53,7 @@ async fn demo() -> Result<()> {
     let _pods = env::exclusive_pods().await;
     let client = env.kube_client().await?;
     let namespace = library_namespace(env, &client, "demo").await?;
-    let address = own_address()?;
+    let address = backend_host_address()?;
     let work = tempfile::tempdir()?;
     let backends = [("blue".to_owned(), 18200), ("green".to_owned(), 18201)];
     let _backends = start_backends(work.path(), &address, &backends)?;

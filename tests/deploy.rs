@@ -12,7 +12,7 @@ use anyhow::{Context, Result, ensure};
 use env::Writes;
 use env::controller::{ControllerProcess, Launch, deployment_test_namespace};
 use env::standalone::{
-    apply_library_config_for_pods, library_namespace, own_address, service_with_endpoints, start_backends,
+    apply_library_config_for_pods, backend_host_address, library_namespace, service_with_endpoints, start_backends,
 };
 use haptic::config::HAProxyTemplateConfig;
 use k8s_openapi::api::core::v1::Pod;
@@ -75,7 +75,7 @@ async fn a_fresh_notready_pod_is_configured_becomes_ready_and_an_ingress_change_
     }
 
     let work = tempfile::tempdir()?;
-    let address = own_address()?;
+    let address = backend_host_address()?;
     let _backends = start_backends(work.path(), &address, &[("blue".into(), 18300), ("green".into(), 18301)])?;
     service_with_endpoints(&client, &namespace, "blue", &address, 18300).await?;
     service_with_endpoints(&client, &namespace, "green", &address, 18301).await?;
@@ -515,7 +515,7 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
     let client = env.kube_client().await?;
     let namespace = library_namespace(env, &client, "scale").await?;
     let work = tempfile::tempdir()?;
-    let address = own_address()?;
+    let address = backend_host_address()?;
     // Three endpoints of one Service, each its own EndpointSlice (one address here, so each
     // endpoint has a port of its own); steps move between two and three of them.
     let ports = [18700u16, 18701, 18702];
@@ -652,7 +652,7 @@ async fn an_endpoint_moving_port_reaches_clients_whose_request_was_in_flight_on_
     let client = env.kube_client().await?;
     let namespace = library_namespace(env, &client, "moving").await?;
     let work = tempfile::tempdir()?;
-    let address = own_address()?;
+    let address = backend_host_address()?;
     let _backends = start_backends(work.path(), &address, &[("old-port".into(), 18710), ("new-port".into(), 18711)])?;
     service_with_endpoints(&client, &namespace, "web", &address, 18710).await?;
     apply_library_config_for_pods(&client, &namespace, "moving").await?;

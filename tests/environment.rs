@@ -83,9 +83,10 @@ async fn every_haproxy_pod_routes_to_a_named_backend() -> Result<()> {
     Ok(())
 }
 
-/// `make env-up` then `make env-down` on a separate address range leaves no process behind.
+/// `make env-up` then `make env-down` on a separate address range leaves no process, no
+/// network namespace and no veth behind.
 #[test]
-fn env_up_then_down_leaves_no_process_behind() -> Result<()> {
+fn env_up_then_down_leaves_no_process_and_no_network_namespace_behind() -> Result<()> {
     let state = tempfile::tempdir()?;
     let dir = state.path().to_str().context("utf-8 temp dir")?.to_owned();
     let mut environment = MakeEnvironment { dir: dir.clone(), up: false };
@@ -97,11 +98,25 @@ fn env_up_then_down_leaves_no_process_behind() -> Result<()> {
     for pid in &recorded {
         ensure!(Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} should be running after env-up");
     }
+    // The backend host: a network namespace joined by a veth pair, answering on 198.18.2.2.
+    ensure!(ip(&["netns", "list"])?.split_whitespace().any(|n| n == "haptic-env-2"), "no namespace after env-up");
+    ensure!(ip(&["link", "show", "hptenv2o"]).is_ok(), "no veth after env-up");
+    let ping = Command::new("ip").args(["netns", "exec", "haptic-env-2", "ip", "-4", "addr", "show"]).output()?;
+    ensure!(String::from_utf8_lossy(&ping.stdout).contains("198.18.2.2/24"), "the namespace lacks 198.18.2.2");
     environment.make("env-down")?;
     environment.up = false;
     let survivors: Vec<_> = processes_mentioning(&dir)?.into_iter().chain(processes_in_groups(&recorded)?).collect();
     ensure!(survivors.is_empty(), "processes left after env-down: {survivors:?}");
+    ensure!(!ip(&["netns", "list"])?.contains("haptic-env-2"), "network namespace left after env-down");
+    ensure!(ip(&["link", "show", "hptenv2o"]).is_err(), "veth left after env-down");
     Ok(())
+}
+
+/// `ip ARGS`' output, or an error with what it said.
+fn ip(args: &[&str]) -> Result<String> {
+    let output = Command::new("ip").args(args).output()?;
+    ensure!(output.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(String::from_utf8(output.stdout)?)
 }
 
 /// An environment started through `make`, stopped on drop if a check failed halfway.

@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use env::chart::haproxy_binaries;
 use env::controller::{ControllerProcess, Launch};
 use env::standalone::{
-    Haproxy, apply_library_config, install_render, own_address, service_with_endpoints, start_backends,
+    Haproxy, apply_library_config, backend_host_address, install_render, service_with_endpoints, start_backends,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -156,11 +156,11 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
     let client = env.kube_client().await?;
     env::chart::apply_chart_crd(&client).await?;
     let namespace = env.fresh_namespace(&client, "library").await?;
-    let address = own_address()?;
+    let address = backend_host_address()?;
     let work = tempfile::tempdir()?;
     let dir = work.path().to_owned();
 
-    // Backends svc-0..5, each a Service with an EndpointSlice on this machine's address.
+    // Backends svc-0..5, each a Service with an EndpointSlice on the environment's backend host.
     let specs: Vec<(String, u16)> = (0..BACKENDS).map(|i| (format!("svc-{i}"), BACKEND_BASE_PORT + i as u16)).collect();
     let backends = start_backends(&dir, &address, &specs)?;
     for (name, port) in &specs {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use env::controller::ControllerProcess;
 use env::standalone::{
-    apply_library_config_for_pods, library_namespace, own_address, service_with_endpoints, start_backends,
+    apply_library_config_for_pods, backend_host_address, library_namespace, service_with_endpoints, start_backends,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -64,7 +64,7 @@ async fn main() -> Result<()> {
     let client = env.kube_client().await?;
     let namespace = library_namespace(env, &client, "bench-deploy").await?;
     let work = tempfile::tempdir()?;
-    let address = own_address()?;
+    let address = backend_host_address()?;
     let _backends = start_backends(work.path(), &address, &[("web-a".into(), 18400), ("web-b".into(), 18401)])?;
     service_with_endpoints(&client, &namespace, "web", &address, 18400).await?;
     apply_library_config_for_pods(&client, &namespace, "bench").await?;

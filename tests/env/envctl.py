@@ -505,6 +505,65 @@ def in_pod_filesystem(pod_dir: Path, command: list[str]) -> list[str]:
             str(pod_dir / "run"), str(POD_RUN_MOUNT), *command]
 
 
+# --------------------------------------------------------------------------- backend host
+
+
+def backend_host_names(net: int) -> dict:
+    """The network namespace of environment `net` and its veth pair: a host of the
+    environment's own on 198.18.<net>.2 (198.18.0.0/15 is the benchmarking range, routed
+    nowhere), reached from the machine through 198.18.<net>.1. EndpointSlices refuse loopback,
+    and the machine's own address is neither the environment's nor always local."""
+    return {"namespace": f"haptic-env-{net}", "outside": f"hptenv{net}o", "inside": f"hptenv{net}i",
+            "address": f"198.18.{net}.2", "gateway": f"198.18.{net}.1"}
+
+
+def run_ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+def remove_backend_host(net: int) -> list[str]:
+    """Removes the namespace and the veth pair of environment `net`; returns what is left."""
+    names = backend_host_names(net)
+    if shutil.which("ip") is None:
+        return []
+    # Deleting the namespace deletes the end inside it, and a veth's end takes its peer along.
+    run_ip("netns", "del", names["namespace"])
+    run_ip("link", "del", names["outside"])
+    left = []
+    if names["namespace"] in run_ip("netns", "list").stdout.split():
+        left.append(f"network namespace {names['namespace']}")
+    if run_ip("link", "show", names["outside"]).returncode == 0:
+        left.append(f"link {names['outside']}")
+    return left
+
+
+def make_backend_host(net: int) -> dict:
+    """Makes the namespace and veth pair of environment `net` (afresh: a crashed run's are
+    removed first) and says what is missing when it cannot."""
+    names = backend_host_names(net)
+    if shutil.which("ip") is None:
+        raise EnvError("missing tool: `ip` (iproute2) makes the environment's backend host, a network "
+                       "namespace on 198.18.0.0/15; install iproute2.")
+    remove_backend_host(net)
+    steps = [
+        ("netns", "add", names["namespace"]),
+        ("link", "add", names["outside"], "type", "veth", "peer", "name", names["inside"]),
+        ("link", "set", names["inside"], "netns", names["namespace"]),
+        ("addr", "add", f"{names['gateway']}/24", "dev", names["outside"]),
+        ("link", "set", names["outside"], "up"),
+        ("-n", names["namespace"], "addr", "add", f"{names['address']}/24", "dev", names["inside"]),
+        ("-n", names["namespace"], "link", "set", names["inside"], "up"),
+        ("-n", names["namespace"], "link", "set", "lo", "up"),
+    ]
+    for step in steps:
+        done = run_ip(*step)
+        if done.returncode != 0:
+            remove_backend_host(net)
+            raise EnvError(f"cannot make the backend host (needs root or CAP_NET_ADMIN): `ip {' '.join(step)}` "
+                           f"said: {done.stderr.strip()}")
+    return {"namespace": names["namespace"], "address": names["address"]}
+
+
 def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Components, password: str,
               ready_timeout: float) -> dict:
     """One simulated pod, configured as the chart configures one (chart/files): HAProxy from the
@@ -631,6 +690,10 @@ def env_is_running(state_dir: Path) -> bool:
     processes = load_processes(state_dir)
     if not manifest.exists() or not processes:
         return False
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        host = json.loads(manifest.read_text())["backend_host"]["namespace"]
+        if host not in run_ip("netns", "list").stdout.split():
+            return False
     return all(Path(f"/proc/{p.pid}").exists() for p in processes)
 
 
@@ -671,6 +734,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             elif path.exists():
                 path.unlink()
 
+        backend_host = make_backend_host(net)
         sup = Supervisor(state_dir)
         try:
             manifest = bring_up(sup, components, args, pod_ips, backend_ips, otlp_ip)
@@ -678,7 +742,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             left = stop_processes(state_dir)
             if left:
                 log(f"could not stop pids {left}")
+            remove_backend_host(net)
             raise
+        manifest["backend_host"] = backend_host
+        manifest["net"] = net
         manifest["startup_seconds"] = round(time.monotonic() - started, 1)
         (state_dir / "env.json").write_text(json.dumps(manifest, indent=2))
     if not args.quiet:
@@ -749,6 +816,10 @@ def print_summary(manifest: dict) -> None:
               f"Dataplane API {pod['dataplane_url']}  (dir {pod['dir']})")
     for backend in manifest["backends"]:
         print(f"backend {backend['name']}: http://{backend['ip']}:{backend['port']}")
+    if "backend_host" in manifest:
+        host = manifest["backend_host"]
+        print(f"backend host: {host['address']} (network namespace {host['namespace']}; "
+              f"`ip netns exec {host['namespace']} ...` starts a backend there)")
     otlp = manifest["otlp"]
     print(f"otlp:        OTEL_EXPORTER_OTLP_ENDPOINT={otlp['http_endpoint']} (traces in {otlp['traces_file']})")
     if "startup_seconds" in manifest:
@@ -761,10 +832,17 @@ def cmd_down(args: argparse.Namespace) -> int:
         return 0
     with state_lock(state_dir):
         left = stop_processes(state_dir)
+        manifest_path = state_dir / "env.json"
+        net = None
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            net = json.loads(manifest_path.read_text())["net"]
         with contextlib.suppress(OSError):
-            (state_dir / "env.json").unlink()
+            manifest_path.unlink()
+        host_left = remove_backend_host(int(net)) if net is not None else []
     if left:
         raise EnvError(f"processes still running after SIGKILL: {left}")
+    if host_left:
+        raise EnvError(f"left behind after env-down: {', '.join(host_left)}")
     if not args.quiet:
         print(f"environment in {state_dir} stopped")
     return 0

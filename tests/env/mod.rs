@@ -42,10 +42,23 @@ pub struct Manifest {
     pub pods: Vec<EnvPod>,
     /// The HTTP backends.
     pub backends: Vec<Backend>,
+    /// The host of the environment's own that backends named in EndpointSlices run on.
+    pub backend_host: BackendHost,
     /// The OpenTelemetry Collector.
     pub otlp: Otlp,
     /// Tools built with the environment.
     pub tools: Tools,
+}
+
+/// A network namespace of the environment's own, joined to the machine by a veth pair: a
+/// host with a non-loopback address (198.18.N.2) that is neither the machine's nor routed
+/// anywhere else.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BackendHost {
+    /// The network namespace (`ip netns exec <namespace> ...`).
+    pub namespace: String,
+    /// Its address, reachable from the machine.
+    pub address: String,
 }
 
 /// Command-line tools the environment built.

@@ -17,14 +17,12 @@ use serde_json::json;
 
 use super::controller::ControllerProcess;
 
-/// The machine's first non-loopback IPv4 address.
-pub fn own_address() -> Result<String> {
-    let output = Command::new("hostname").arg("-I").output()?;
-    let text = String::from_utf8(output.stdout)?;
-    text.split_whitespace()
-        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()))
-        .map(str::to_owned)
-        .context("this machine has no non-loopback IPv4 address for the EndpointSlices")
+/// The address of the environment's backend host (a network namespace on 198.18.0.0/15 that
+/// `envctl.py up` makes): EndpointSlices refuse loopback, and the machine's own address is
+/// neither the environment's nor always a local one. Backends started by `start_backends`
+/// listen there.
+pub fn backend_host_address() -> Result<String> {
+    Ok(super::environment().backend_host.address.clone())
 }
 
 /// A child process killed when dropped.
@@ -119,10 +117,13 @@ pub fn install_render(
     Ok(())
 }
 
-/// Starts the backends `name=address:port` (one process), answering with their names.
+/// Starts the backends `name=address:port` (one process) on the environment's backend host
+/// (inside its network namespace), answering with their names.
 pub fn start_backends(dir: &Path, address: &str, specs: &[(String, u16)]) -> Result<Process> {
     let specs: Vec<String> = specs.iter().map(|(name, port)| format!("{name}={address}:{port}")).collect();
-    let child = Command::new("python3")
+    let host = &super::environment().backend_host;
+    let child = Command::new("ip")
+        .args(["netns", "exec", &host.namespace, "python3"])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/backend.py"))
         .args(&specs)
         .stdout(Stdio::null())
