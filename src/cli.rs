@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// Where the read-only HTTP API (pods, render, health) listens.
     #[arg(long, env = "HAPTIC_API_ADDRESS", default_value = "0.0.0.0:8080")]
     pub api_address: std::net::SocketAddr,
+    /// Who may read `/api/v1/*` and `/metrics`: `kubernetes` (a bearer token whose user may
+    /// `get` `fleet.haptic.dev`, checked with TokenReview and SubjectAccessReview) or `none`
+    /// (anyone who can reach the port: local use only). Health stays open either way.
+    #[arg(long, env = "HAPTIC_API_AUTH", value_enum, default_value_t = ApiAuth::Kubernetes)]
+    pub api_auth: ApiAuth,
     /// Elect a leader among replicas on this Lease (in the configuration's namespace); only
     /// the leader deploys. Without it, this replica deploys alone.
     #[arg(long, env = "HAPTIC_LEADER_ELECTION_LEASE")]
@@ -188,6 +193,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         journal_dir: (!args.render_only).then_some(args.journal_dir),
         journal_retention: args.journal_retention,
         api_address: Some(args.api_address),
+        api_auth: args.api_auth == ApiAuth::Kubernetes,
         election,
     };
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)
@@ -205,4 +211,13 @@ async fn shutdown_signal() {
         _ = async { match terminate.as_mut() { Some(signal) => { signal.recv().await; } None => std::future::pending().await } } => {}
     }
     tracing::info!("shutting down");
+}
+
+/// Who may read the HTTP API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiAuth {
+    /// A Kubernetes bearer token allowed to `get` `fleet.haptic.dev`.
+    Kubernetes,
+    /// No check at all (local use).
+    None,
 }

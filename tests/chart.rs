@@ -201,6 +201,9 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         ("create", "events.k8s.io", "events", ns, None, None),
         // A refused Ingress gets its Event in its own namespace.
         ("create", "events.k8s.io", "events", Some("team-b"), None, None),
+        // The HTTP API checks its readers' tokens.
+        ("create", "authentication.k8s.io", "tokenreviews", None, None, None),
+        ("create", "authorization.k8s.io", "subjectaccessreviews", None, None, None),
     ];
     for (verb, group, resource, ns, name, sub) in allowed {
         ensure!(
@@ -230,13 +233,26 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
 
     // The real controller, authenticated as the ServiceAccount, runs the chart's configuration.
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
-    let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}}))?;
-    let token = accounts
-        .create_subresource::<TokenRequest, TokenRequest>("token", &fullname, &PostParams::default(), &request)
-        .await?
-        .status
-        .context("no token issued")?
-        .token;
+    let token_of = |account: String| {
+        let accounts = accounts.clone();
+        async move {
+            let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}}))?;
+            anyhow::Ok(
+                accounts
+                    .create_subresource::<TokenRequest, TokenRequest>(
+                        "token",
+                        &account,
+                        &PostParams::default(),
+                        &request,
+                    )
+                    .await?
+                    .status
+                    .context("no token issued")?
+                    .token,
+            )
+        }
+    };
+    let token = token_of(fullname.clone()).await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     let admin = std::fs::read_to_string(&env.kubeconfig)?;
@@ -246,7 +262,8 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
     let launch = Launch {
         args: vec!["--leader-election-lease".into(), fullname.clone()],
         kubeconfig: Some(kubeconfig),
-        ..Launch::default()
+        // The API as the chart runs it: readers need a token allowed by the reader role.
+        env: vec![("HAPTIC_API_AUTH".into(), "kubernetes".into())],
     };
     let journal = dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &namespace, "haptic", dir, &journal, &launch)?;
@@ -275,6 +292,50 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         controller.log_tail()
     );
     ensure!(!log.contains("forbidden") && !log.contains("Forbidden"), "a request was forbidden:\n{log}");
+
+    // Its API: open health; pods and metrics only with a token of a user the chart's reader
+    // role is bound to (real ServiceAccount tokens, reviewed by the real API server).
+    for account in ["reader", "stranger"] {
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": account}}))?;
+        accounts.create(&PostParams::default(), &account).await?;
+    }
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+    let binding_name = format!("{fullname}-{namespace}-reader");
+    let binding = serde_json::from_value(json!({
+        "metadata": {"name": binding_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{fullname}-api-reader")},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]
+    }))?;
+    bindings.create(&PostParams::default(), &binding).await?;
+    let reader = token_of("reader".into()).await?;
+    let stranger = token_of("stranger".into()).await?;
+    let api = controller.api_url().await?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let status_of = |path: &str, token: Option<&str>| {
+        let mut request = http.get(format!("{api}{path}"));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { anyhow::Ok(request.send().await?.status().as_u16()) }
+    };
+    ensure!(status_of("/healthz", None).await? == 200, "health must stay open");
+    for path in ["/api/v1/pods", "/api/v1/config", "/metrics"] {
+        let cases = [
+            (None, 401, "no token"),
+            (Some("not-a-token"), 401, "a token the cluster does not know"),
+            (Some(stranger.as_str()), 403, "a ServiceAccount without the reader role"),
+            (Some(reader.as_str()), 200, "a ServiceAccount with the reader role"),
+        ];
+        for (token, expected, who) in cases {
+            let got = status_of(path, token).await?;
+            ensure!(got == expected, "{path} with {who}: {got}, expected {expected}");
+        }
+    }
+    let log = controller.log_text();
+    for secret in [&reader, &stranger] {
+        ensure!(!log.contains(secret.as_str()), "a token reached the controller's log");
+    }
+    bindings.delete(&binding_name, &Default::default()).await?;
     Ok(())
 }
 

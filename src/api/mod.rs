@@ -17,6 +17,8 @@ use serde_json::json;
 use crate::files::FileSet;
 use crate::journal::{Journal, JournaledPod, TransitionEntry};
 
+pub mod auth;
+
 /// The render the API shows.
 #[derive(Clone, Debug)]
 pub struct CurrentRender {
@@ -35,6 +37,8 @@ pub struct ApiState {
     pub current: Arc<RwLock<Option<CurrentRender>>>,
     /// Whether watches are synced and the journal is open.
     pub ready: Arc<AtomicBool>,
+    /// Who may read `/api/v1/*` and `/metrics`; `None` only when a flag turned it off.
+    pub auth: Option<Arc<auth::KubeAuthorizer>>,
 }
 
 impl ApiState {
@@ -50,21 +54,54 @@ impl ApiState {
     }
 }
 
-/// The API's routes.
+/// The API's routes: health open to all (probes carry no token), the rest behind `auth`.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(readyz))
+    let guarded = Router::new()
         .route("/api/v1/pods", get(pods))
         .route("/api/v1/pods/{namespace}/{name}", get(pod))
         .route("/api/v1/config", get(config))
         .route("/api/v1/config/files/{*name}", get(config_file))
         .route("/api/v1/openapi.json", get(|| async { Json(openapi()) }))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .merge(guarded)
         .fallback(|uri: axum::http::Uri| async move {
             error(StatusCode::NOT_FOUND, format!("no such resource: {}", uri.path()))
         })
         .with_state(state)
+}
+
+/// Lets a request through when its bearer token may read the API (or auth is off): 401
+/// without a valid token, 403 for a user without the reader role, 503 when the API server
+/// cannot review it. The token is never logged.
+async fn authorize(
+    State(state): State<ApiState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(authorizer) = &state.auth else { return next.run(request).await };
+    let token =
+        request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok()).and_then(auth::bearer_token);
+    let Some(token) = token else {
+        return error(StatusCode::UNAUTHORIZED, "a Kubernetes bearer token is required".into());
+    };
+    match authorizer.review(token).await {
+        Ok(auth::Decision::Allowed) => next.run(request).await,
+        Ok(auth::Decision::Unauthenticated) => {
+            error(StatusCode::UNAUTHORIZED, "the bearer token is not valid for this cluster".into())
+        }
+        Ok(auth::Decision::Forbidden { user }) => error(
+            StatusCode::FORBIDDEN,
+            format!("{user} may not get {}.{} (the chart's reader role grants it)", auth::RESOURCE, auth::GROUP),
+        ),
+        Err(failure) => {
+            tracing::warn!(error = %failure, "an API request could not be authorized");
+            error(StatusCode::SERVICE_UNAVAILABLE, format!("the request could not be authorized: {failure}"))
+        }
+    }
 }
 
 /// Serves the API on `listener` until the task is dropped.

@@ -50,6 +50,8 @@ pub struct ControllerOptions {
     pub journal_retention: u64,
     /// Where the read-only HTTP API listens, if anywhere.
     pub api_address: Option<std::net::SocketAddr>,
+    /// Whether `/api/v1/*` and `/metrics` ask for a Kubernetes token allowed to read them.
+    pub api_auth: bool,
     /// Leader election among replicas; without it, this replica deploys alone.
     pub election: Option<crate::election::ElectionSettings>,
 }
@@ -163,7 +165,8 @@ pub async fn run(
     let config_key = format!("{}/{}", options.namespace, options.name);
     let mut saved_slots = crate::plan::slots::Slots::default();
     let mut last_render: Option<(crate::files::FileSet, Option<TraceParent>)> = None;
-    let api = crate::api::ApiState { journal: journal.clone(), ..crate::api::ApiState::default() };
+    let auth = options.api_auth.then(|| Arc::new(crate::api::auth::KubeAuthorizer::new(client.clone())));
+    let api = crate::api::ApiState { journal: journal.clone(), auth, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
         Some(address) => {
             let listener = crate::api::bind(address).await?;

@@ -174,6 +174,8 @@ impl ControllerProcess {
             .args(&extra.args)
             .env("KUBECONFIG", extra.kubeconfig.as_ref().unwrap_or(&env.kubeconfig))
             .env("RUST_LOG", "info,haptic=debug")
+            // Tests read the API without a token; `tests/api.rs` turns authentication back on.
+            .env("HAPTIC_API_AUTH", "none")
             .envs(extra.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
