@@ -60,6 +60,17 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
     ] {
         ensure!(kinds(&plain).iter().any(|k| k == kind), "no {kind} in {:?}", kinds(&plain));
     }
+    // The controller's API is closed to the internet-facing HAProxy pods of its namespace.
+    let api_policy = plain
+        .iter()
+        .find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "rel-haptic-controller")
+        .context("the controller's NetworkPolicy")?;
+    let own_namespace = &api_policy["spec"]["ingress"][0]["from"][0]["podSelector"];
+    ensure!(
+        own_namespace["matchExpressions"][0]
+            == json!({"key": "app.kubernetes.io/name", "operator": "NotIn", "values": ["haproxy"]}),
+        "HAProxy pods may reach the controller's API: {api_policy}"
+    );
     let statefulset = plain.iter().find(|d| d["kind"] == "StatefulSet").context("statefulset")?;
     let pod = &statefulset["spec"]["template"]["spec"];
     ensure!(pod["securityContext"]["runAsNonRoot"] == true, "controller runs as non-root");
