@@ -120,7 +120,19 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({"error": message, "status": status.as_u16()}))).into_response()
 }
 
+/// Runs a handler's journal reads on the blocking pool: sled may wait on the disk, and the
+/// async workers are shared with deployment and lease renewal.
+async fn off_the_async_threads(work: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|failure| error(StatusCode::INTERNAL_SERVER_ERROR, format!("the request failed: {failure}")))
+}
+
 async fn metrics(State(state): State<ApiState>) -> Response {
+    off_the_async_threads(move || metrics_now(&state)).await
+}
+
+fn metrics_now(state: &ApiState) -> Response {
     use crate::telemetry::metrics::{StateLabels, metrics};
     let metrics = metrics();
     if let Some(journal) = &state.journal {
@@ -219,7 +231,11 @@ fn journal(state: &ApiState) -> Result<&Arc<Journal>, Box<Response>> {
 }
 
 async fn pods(State(state): State<ApiState>) -> Response {
-    let journal = match journal(&state) {
+    off_the_async_threads(move || pods_now(&state)).await
+}
+
+fn pods_now(state: &ApiState) -> Response {
+    let journal = match journal(state) {
         Ok(journal) => journal,
         Err(response) => return *response,
     };
@@ -260,7 +276,11 @@ async fn pod(
     if !(1..=1000).contains(&limit) {
         return error(StatusCode::BAD_REQUEST, format!("limit must be between 1 and 1000, not {limit}"));
     }
-    let journal = match journal(&state) {
+    off_the_async_threads(move || pod_now(&state, &namespace, &name, after.unsigned_abs(), limit)).await
+}
+
+fn pod_now(state: &ApiState, namespace: &str, name: &str, after: u64, limit: usize) -> Response {
+    let journal = match journal(state) {
         Ok(journal) => journal,
         Err(response) => return *response,
     };
@@ -274,7 +294,7 @@ async fn pod(
     else {
         return error(StatusCode::NOT_FOUND, format!("no pod {namespace}/{name} is known"));
     };
-    match journal.transitions(&found.uid, after.unsigned_abs(), limit) {
+    match journal.transitions(&found.uid, after, limit) {
         Ok(transitions) => {
             let next = (transitions.len() == limit).then(|| transitions.last().map(|t| t.seq)).flatten();
             let transitions: Vec<TransitionView> = transitions.iter().map(TransitionView::from).collect();

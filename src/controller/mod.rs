@@ -59,6 +59,9 @@ pub struct ControllerOptions {
 /// Errors that stop the controller.
 #[derive(Debug, Error)]
 pub enum ControllerError {
+    /// Opening the journal panicked on the blocking pool.
+    #[error("opening the journal failed unexpectedly: {0}")]
+    JournalOpenPanicked(String),
     /// The HTTP API could not listen.
     #[error(transparent)]
     Api(#[from] std::io::Error),
@@ -136,7 +139,13 @@ pub async fn run(
     let mut coalescer: Option<Coalescer> = None;
     let journal = match &options.journal_dir {
         Some(dir) => {
-            let (journal, report) = crate::journal::Journal::open(dir, options.journal_retention)?;
+            // Opening waits for the previous owner's lock (sleeping between tries) and reads the
+            // whole store: the blocking pool's work, not an async worker's.
+            let (dir, retention) = (dir.clone(), options.journal_retention);
+            let opened = tokio::task::spawn_blocking(move || crate::journal::Journal::open(&dir, retention))
+                .await
+                .map_err(|failure| ControllerError::JournalOpenPanicked(failure.to_string()))?;
+            let (journal, report) = opened?;
             if let Some((aside, why)) = &report.moved_aside {
                 warn!(moved_to = %aside.display(), %why, "the journal was unreadable; every pod will be verified");
             }

@@ -493,7 +493,15 @@ impl<A: PodActions> PodDriver<A> {
                 trace_id: trace_id_of(&self.span),
             },
         };
-        if let Err(error) = self.journal.commit(&record) {
+        // The commit fsyncs: it runs on the blocking pool, so no async worker (lease renewal
+        // shares them) waits on the disk.
+        let journal = Arc::clone(&self.journal);
+        let committed = {
+            let record = record.clone();
+            tokio::task::spawn_blocking(move || journal.commit(&record).map_err(|error| error.to_string())).await
+        };
+        let committed = committed.unwrap_or_else(|panicked| Err(format!("the journal commit panicked: {panicked}")));
+        if let Err(error) = committed {
             // Never act on a transition that is not on disk: retry the step later.
             error!(pod = %self.target.name, %error, "journal commit failed; the action waits for a retry");
             pending.clear();
