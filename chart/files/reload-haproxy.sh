@@ -67,7 +67,14 @@ started=$(date +%s)
 seen_new=""
 seen_reexec=""
 while :; do
-    reexecuting && seen_reexec=1
+    # Whether the master had finished re-executing is read before its workers are: a worker
+    # it forked before finishing is then in the list below (read the other way round, a
+    # reload that took could look like one that started no worker).
+    settled=1
+    if reexecuting; then
+        seen_reexec=1
+        settled=""
+    fi
     new=""
     for pid in $(workers); do
         case " $(echo $old) " in
@@ -85,7 +92,7 @@ while :; do
     elif [ -n "$seen_new" ]; then
         echo "HAProxy's new worker (pid $seen_new) exited during the reload: the configuration does not start on this pod (see HAProxy's log); the previous workers keep serving" >&2
         exit 1
-    elif [ -n "$seen_reexec" ] && ! reexecuting; then
+    elif [ -n "$seen_reexec" ] && [ -n "$settled" ]; then
         echo "HAProxy's master re-executed without starting a new worker: the configuration does not start on this pod (an address taken? see HAProxy's log); the previous workers keep serving" >&2
         exit 1
     fi
