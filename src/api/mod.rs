@@ -341,7 +341,7 @@ async fn config_file(State(state): State<ApiState>, Path(name): Path<String>) ->
 pub fn openapi() -> serde_json::Value {
     let error = json!({"$ref": "#/components/schemas/Error"});
     let json_response = |description: &str, schema: serde_json::Value| json!({"description": description, "content": {"application/json": {"schema": schema}}});
-    json!({
+    let mut document = json!({
         "openapi": "3.0.3",
         "info": {"title": "haptic", "version": env!("CARGO_PKG_VERSION"),
                  "description": "Read-only views of HAProxy pods' sync state and the current render."},
@@ -405,7 +405,24 @@ pub fn openapi() -> serde_json::Value {
                 "lastTransition": {"$ref": "#/components/schemas/Transition"},
                 "lastError": {"type": "string", "nullable": true}}}
         }}
-    })
+    });
+    // Everything but health is behind a Kubernetes bearer token (see `authorize`).
+    if let Some(paths) = document["paths"].as_object_mut() {
+        for (_, item) in paths.iter_mut().filter(|(path, _)| !matches!(path.as_str(), "/healthz" | "/readyz")) {
+            let responses = &mut item["get"]["responses"];
+            responses["401"] = json_response("no valid Kubernetes bearer token", error.clone());
+            let forbidden = format!("the token's user may not get {}.{}", auth::RESOURCE, auth::GROUP);
+            let forbidden = match responses["403"]["description"].as_str() {
+                Some(already) => format!("{already}; or {forbidden}"),
+                None => forbidden,
+            };
+            responses["403"] = json_response(&forbidden, error.clone());
+            if responses.get("503").is_none() {
+                responses["503"] = json_response("the API server cannot review the token now", error.clone());
+            }
+        }
+    }
+    document
 }
 
 #[cfg(test)]
