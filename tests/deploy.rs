@@ -12,7 +12,8 @@ use anyhow::{Context, Result, ensure};
 use env::Writes;
 use env::controller::{ControllerProcess, Launch, deployment_test_namespace};
 use env::standalone::{
-    apply_library_config_for_pods, backend_host_address, library_namespace, service_with_endpoints, start_backends,
+    apply_library_config_for_pods, backend_host_address, ingress_to, library_namespace, service_with_endpoints,
+    start_backends,
 };
 use haptic::config::HAProxyTemplateConfig;
 use k8s_openapi::api::core::v1::Pod;
@@ -534,10 +535,7 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
     slices.create(&PostParams::default(), &slice(1)?).await?;
     apply_library_config_for_pods(&client, &namespace, "scale").await?;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
-    let ingress = serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"ingressClassName": "haproxy",
-        "rules": [{"host": "web.scale.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}))?;
-    ingresses.create(&PostParams::default(), &ingress).await?;
+    ingresses.create(&PostParams::default(), &ingress_to("web", "web.scale.example", "web")?).await?;
     let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
     every_pod_answers(env, "web.scale.example", "web").await?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
@@ -657,10 +655,7 @@ async fn an_endpoint_moving_port_reaches_clients_whose_request_was_in_flight_on_
     service_with_endpoints(&client, &namespace, "web", &address, 18710).await?;
     apply_library_config_for_pods(&client, &namespace, "moving").await?;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
-    let ingress = serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"ingressClassName": "haproxy",
-        "rules": [{"host": "web.moving.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}))?;
-    ingresses.create(&PostParams::default(), &ingress).await?;
+    ingresses.create(&PostParams::default(), &ingress_to("web", "web.moving.example", "web")?).await?;
     let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
     every_pod_answers(env, "web.moving.example", "old-port").await?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;

@@ -61,6 +61,7 @@ while reexecuting; do
 done
 
 old=$(workers)
+old_list=" $(echo $old) "
 kill -USR2 "$master" || exit 1
 
 started=$(date +%s)
@@ -77,7 +78,7 @@ while :; do
     fi
     new=""
     for pid in $(workers); do
-        case " $(echo $old) " in
+        case "$old_list" in
             *" $pid "*) ;;
             *) new="$pid" ;;
         esac

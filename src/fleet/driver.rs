@@ -496,11 +496,9 @@ impl<A: PodActions> PodDriver<A> {
         // The commit fsyncs: it runs on the blocking pool, so no async worker (lease renewal
         // shares them) waits on the disk.
         let journal = Arc::clone(&self.journal);
-        let committed = {
-            let record = record.clone();
-            tokio::task::spawn_blocking(move || journal.commit(&record).map_err(|error| error.to_string())).await
-        };
-        let committed = committed.unwrap_or_else(|panicked| Err(format!("the journal commit panicked: {panicked}")));
+        let committed = tokio::task::spawn_blocking(move || journal.commit(&record).map_err(|error| error.to_string()))
+            .await
+            .unwrap_or_else(|panicked| Err(format!("the journal commit panicked: {panicked}")));
         if let Err(error) = committed {
             // Never act on a transition that is not on disk: retry the step later.
             error!(pod = %self.target.name, %error, "journal commit failed; the action waits for a retry");
@@ -510,7 +508,7 @@ impl<A: PodActions> PodDriver<A> {
         }
         if step.from != step.to {
             info!(pod = %self.target.name, uid = %self.target.uid, from = %step.from, to = %step.to,
-                  reason = %record.last_transition.reason, error = ?self.machine.last_error, "pod transition");
+                  reason = ?event.kind(), error = ?self.machine.last_error, "pod transition");
         }
         for action in step.actions {
             match action {

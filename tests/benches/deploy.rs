@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use env::controller::ControllerProcess;
 use env::standalone::{
-    apply_library_config_for_pods, backend_host_address, library_namespace, service_with_endpoints, start_backends,
+    apply_library_config_for_pods, backend_host_address, ingress_to, library_namespace, service_with_endpoints,
+    start_backends,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -70,13 +71,7 @@ async fn main() -> Result<()> {
     apply_library_config_for_pods(&client, &namespace, "bench").await?;
     let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
-    let ingress = |host: &str| -> Result<Ingress> {
-        Ok(serde_json::from_value(json!({
-            "metadata": {"name": host.replace('.', "-")},
-            "spec": {"ingressClassName": "haproxy", "rules": [{"host": host, "http": {"paths": [
-                {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
-        }))?)
-    };
+    let ingress = |host: &str| ingress_to(&host.replace('.', "-"), host, "web");
     ingresses.create(&PostParams::default(), &ingress("warm.bench.example")?).await?;
     until_served(env, "warm.bench.example", "web-a").await.with_context(|| controller.log_tail())?;
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;

@@ -133,6 +133,15 @@ pub fn start_backends(dir: &Path, address: &str, specs: &[(String, u16)]) -> Res
     Ok(Process(child))
 }
 
+/// An Ingress `name` of the chart's class sending every path of `host` to port 80 of `service`.
+pub fn ingress_to(name: &str, host: &str, service: &str) -> Result<k8s_openapi::api::networking::v1::Ingress> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"ingressClassName": "haproxy", "rules": [{"host": host, "http": {"paths": [
+            {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": service, "port": {"number": 80}}}}]}}]}
+    }))?)
+}
+
 /// A Service `name` (port 80, named `http`) with one ready endpoint at `address:port`.
 pub async fn service_with_endpoints(
     client: &kube::Client,
