@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use kube::CustomResourceExt;
 
 use crate::config::HAProxyTemplateConfig;
-use crate::dataplane::{Credentials, DataplaneClient, Endpoint};
+use crate::dataplane::{Access, Credentials, Endpoint, TlsSettings};
 use crate::render::Renderer;
 use crate::telemetry::LogFormat;
 
@@ -113,12 +113,37 @@ pub struct ProbeArgs {
     /// Dataplane API password.
     #[arg(long, env = "HAPTIC_DATAPLANE_PASSWORD", hide_env_values = true)]
     pub password: String,
+    /// Speak TLS, checking the pod's certificate against this PEM CA bundle only.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate (chain) to present, with `--client-key`.
+    #[arg(long, requires = "client_key", requires = "ca_file")]
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    #[arg(long, requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+    /// The name the pod's certificate is issued for (default: the endpoint's host).
+    #[arg(long, requires = "ca_file")]
+    pub server_name: Option<String>,
 }
 
 /// Runs `haptic probe`: one line per fact, so scripts and operators can read it.
 pub async fn probe(args: ProbeArgs) -> Result<()> {
     let endpoint = Endpoint::parse(&args.endpoint)?;
-    let client = DataplaneClient::new(endpoint, Credentials::new(args.username, args.password));
+    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    let tls = match &args.ca_file {
+        Some(ca_file) => {
+            let client_pair = match (&args.client_cert, &args.client_key) {
+                (Some(certificate), Some(key)) => Some((read(certificate)?, read(key)?)),
+                _ => None,
+            };
+            let pair = client_pair.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
+            Some(TlsSettings::from_pem(&read(ca_file)?, pair, args.server_name.as_deref())?)
+        }
+        None => None,
+    };
+    let access = Access { credentials: Credentials::new(args.username, args.password), tls };
+    let client = access.client(endpoint)?;
     let info = client.info().await.context("reading the Dataplane API's identity")?;
     let health = client.health().await.context("reading HAProxy's health")?;
     let version = client.configuration_version().await.context("reading the configuration version")?;

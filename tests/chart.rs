@@ -109,6 +109,58 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         "a misspelt haproxy.dataplane.runtimeCommands was rendered: {misspelt:?}"
     );
 
+    // TLS to the Dataplane API: the pods serve https with their Secret (and require a client
+    // certificate when asked), the controller's config names its CA Secret and may read it.
+    let tls_values = [
+        "--set",
+        "haproxy.dataplane.tls.enabled=true",
+        "--set",
+        "haproxy.dataplane.tls.podSecretName=pods-tls",
+        "--set",
+        "haproxy.dataplane.tls.controllerSecretName=controller-tls",
+        "--set",
+        "haproxy.dataplane.tls.serverName=dataplane.example",
+        "--set",
+        "haproxy.dataplane.tls.requireClientCertificate=true",
+    ];
+    let tls = render_chart("rel", "haptic-system", &tls_values)?;
+    let served = dataplane_config(&tls)?;
+    for line in [
+        "- https",
+        "tls_certificate: \"/etc/haproxy-dataplane-tls/tls.crt\"",
+        "tls_ca: \"/etc/haproxy-dataplane-tls/ca.crt\"",
+    ] {
+        ensure!(served.contains(line), "no {line:?} in\n{served}");
+    }
+    ensure!(dataplane_config(&plain)?.contains("tls_ca: \"\"\n"), "plain pods must not skip Basic auth");
+    let tls_config = tls.iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("config")?;
+    ensure!(
+        tls_config["spec"]["dataplane"]["tls"]
+            == json!({"secretRef": {"name": "controller-tls"}, "serverName": "dataplane.example"}),
+        "{}",
+        tls_config["spec"]["dataplane"]
+    );
+    let deployment = tls.iter().find(|d| d["kind"] == "Deployment").context("haproxy deployment")?;
+    ensure!(
+        deployment["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["secret"]["secretName"] == "pods-tls"),
+        "the pods' certificate is mounted: {deployment}"
+    );
+    ensure!(
+        tls.iter().any(|d| d["kind"] == "Role"
+            && d["rules"].as_array().into_iter().flatten().any(|r| r["resources"][0] == "secrets"
+                && r["resourceNames"].as_array().is_some_and(|n| n.contains(&json!("controller-tls"))))),
+        "the controller may read its TLS Secret"
+    );
+    let half = render_chart("rel", "haptic-system", &tls_values[..4]);
+    ensure!(
+        half.as_ref().is_err_and(|e| format!("{e:#}").contains("controllerSecretName")),
+        "TLS without the controller's Secret was rendered: {half:?}"
+    );
+
     // Adding a watched type adds its RBAC rule, cluster-wide or in the namespaces it names.
     let watched = render_chart(
         "rel",

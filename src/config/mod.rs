@@ -97,6 +97,9 @@ pub struct DataplaneSettings {
     /// The Secret holding `dataplane_username` and `dataplane_password`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<SecretRef>,
+    /// TLS to the pods' Dataplane APIs; clear text when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<DataplaneTls>,
     /// Where map files live on the pods.
     #[schemars(length(min = 1))]
     pub maps_dir: String,
@@ -119,6 +122,7 @@ impl Default for DataplaneSettings {
             port: 5555,
             drift_prevention_interval: ConfigDuration::from_secs(60),
             credentials_secret_ref: None,
+            tls: None,
             maps_dir: "/etc/haproxy/maps".into(),
             general_dir: "/etc/haproxy/general".into(),
             certs_dir: "/etc/haproxy/ssl".into(),
@@ -126,6 +130,19 @@ impl Default for DataplaneSettings {
             debounce: DebounceSettings::default(),
         }
     }
+}
+
+/// TLS to the pods' Dataplane APIs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataplaneTls {
+    /// The Secret holding `ca.crt` (the CA bundle pods' certificates are checked against) and,
+    /// for Dataplane APIs that require a client certificate, `tls.crt` and `tls.key`.
+    pub secret_ref: SecretRef,
+    /// The DNS name the pods' certificates are issued for; when empty, each pod's certificate
+    /// must name the pod's IP address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 /// A reference to a Secret; the namespace defaults to the configuration's own.

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::HAProxyTemplateConfigSpec;
-use crate::dataplane::Credentials;
+use crate::dataplane::{Access, Credentials, TlsSettings};
 use crate::files::FileSet;
 use crate::fleet::supervisor::FleetPods;
 use crate::fleet::{DataplaneActions, Desired, DriverSettings, PodTarget, supervisor};
@@ -43,7 +43,7 @@ impl Deployer {
     pub(crate) fn deploy(
         &mut self,
         spec: &HAProxyTemplateConfigSpec,
-        credentials: &Credentials,
+        access: &Access,
         files: FileSet,
         pods: &[HaproxyPod],
         trace: Option<TraceParent>,
@@ -56,7 +56,7 @@ impl Deployer {
                 uid: PodUid(pod.info.uid.clone()),
                 namespace: pod.info.namespace.clone(),
                 name: pod.info.name.clone(),
-                endpoint: endpoint(&pod.info.ip, port),
+                endpoint: endpoint(access.scheme(), &pod.info.ip, port),
             })
             .collect();
         let present = pods.iter().map(|pod| PodUid(pod.info.uid.clone())).collect();
@@ -64,12 +64,12 @@ impl Deployer {
         let desired = Arc::new(Desired::new(files).traced(trace));
         match &self.fleet {
             Some(fleet) => {
-                fleet.actions.set_credentials(credentials.clone());
+                fleet.actions.set_access(access.clone());
                 fleet.desired.send_replace(desired);
                 fleet.pods.send_replace(targets);
             }
             None => {
-                let actions = Arc::new(DataplaneActions::new(credentials.clone(), self.journal.clone()));
+                let actions = Arc::new(DataplaneActions::new(access.clone(), self.journal.clone()));
                 let settings =
                     DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get(), term: self.term };
                 let (pods_tx, pods_rx) = watch::channel(targets);
@@ -108,33 +108,69 @@ impl Deployer {
     }
 }
 
-fn endpoint(ip: &str, port: u16) -> String {
-    if ip.contains(':') { format!("http://[{ip}]:{port}/v3") } else { format!("http://{ip}:{port}/v3") }
+fn endpoint(scheme: &str, ip: &str, port: u16) -> String {
+    if ip.contains(':') { format!("{scheme}://[{ip}]:{port}/v3") } else { format!("{scheme}://{ip}:{port}/v3") }
 }
 
-/// Reads the Dataplane credentials from the Secret the configuration names (keys
-/// `dataplane_username` and `dataplane_password`); the error never contains the password.
-pub(crate) async fn credentials(
+/// Reads what pods are reached with from the Secrets the configuration names: credentials
+/// (keys `dataplane_username` and `dataplane_password`) and, when `spec.dataplane.tls` is set,
+/// the CA bundle (`ca.crt`) and optional client certificate (`tls.crt`, `tls.key`). When TLS
+/// is asked for and its Secret cannot be used, there is no access at all: never clear text
+/// instead. Errors name Secrets and keys, never their content.
+pub(crate) async fn access(
     client: &kube::Client,
     spec: &HAProxyTemplateConfigSpec,
     namespace: &str,
-) -> Result<Credentials, String> {
+) -> Result<Access, String> {
     let reference = spec
         .dataplane
         .credentials_secret_ref
         .as_ref()
         .ok_or("spec.dataplane.credentialsSecretRef is not set, so no pod can be deployed to")?;
-    let namespace = reference.namespace.as_deref().unwrap_or(namespace);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = secrets
-        .get(&reference.name)
-        .await
-        .map_err(|e| format!("reading Secret {namespace}/{}: {e}", reference.name))?;
-    let data = secret.data.unwrap_or_default();
-    let field = |key: &str| {
-        data.get(key)
-            .map(|bytes| String::from_utf8_lossy(&bytes.0).into_owned())
-            .ok_or_else(|| format!("Secret {namespace}/{} has no {key}", reference.name))
+    let credentials = read_secret(client, reference, namespace).await?;
+    let text = |key: &str| credentials.required(key).map(|bytes| String::from_utf8_lossy(bytes).into_owned());
+    let credentials = Credentials::new(text("dataplane_username")?, text("dataplane_password")?);
+    let tls = match &spec.dataplane.tls {
+        Some(tls) => {
+            let secret = read_secret(client, &tls.secret_ref, namespace).await?;
+            let client_pair = match (secret.optional("tls.crt"), secret.optional("tls.key")) {
+                (Some(certificate), Some(key)) => Some((certificate, key)),
+                (None, None) => None,
+                _ => return Err(format!("Secret {} has only one of tls.crt and tls.key", secret.name)),
+            };
+            let settings = TlsSettings::from_pem(secret.required("ca.crt")?, client_pair, tls.server_name.as_deref())
+                .map_err(|e| format!("Secret {} (spec.dataplane.tls): {e}", secret.name))?;
+            Some(settings)
+        }
+        None => None,
     };
-    Ok(Credentials::new(field("dataplane_username")?, field("dataplane_password")?))
+    Ok(Access { credentials, tls })
+}
+
+/// A Secret's data, named `namespace/name` in messages.
+struct SecretData {
+    name: String,
+    data: std::collections::BTreeMap<String, k8s_openapi::ByteString>,
+}
+
+impl SecretData {
+    fn optional(&self, key: &str) -> Option<&[u8]> {
+        self.data.get(key).map(|bytes| bytes.0.as_slice()).filter(|bytes| !bytes.is_empty())
+    }
+
+    fn required(&self, key: &str) -> Result<&[u8], String> {
+        self.optional(key).ok_or_else(|| format!("Secret {} has no {key}", self.name))
+    }
+}
+
+async fn read_secret(
+    client: &kube::Client,
+    reference: &crate::config::SecretRef,
+    namespace: &str,
+) -> Result<SecretData, String> {
+    let namespace = reference.namespace.as_deref().unwrap_or(namespace);
+    let name = format!("{namespace}/{}", reference.name);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = secrets.get(&reference.name).await.map_err(|e| format!("reading Secret {name}: {e}"))?;
+    Ok(SecretData { name, data: secret.data.unwrap_or_default() })
 }

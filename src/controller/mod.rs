@@ -108,8 +108,9 @@ struct Active {
     spec: HAProxyTemplateConfigSpec,
     renderer: Arc<Renderer>,
     watches: Watches,
-    /// Dataplane credentials, when the configuration names them and they could be read.
-    credentials: Option<crate::dataplane::Credentials>,
+    /// Dataplane credentials and TLS settings, when the configuration names them and they
+    /// could be read.
+    access: Option<crate::dataplane::Access>,
 }
 
 /// Follows one configuration, renders and (as the leader) deploys until `shutdown` completes;
@@ -371,9 +372,9 @@ fn deploy_render(
     files: crate::files::FileSet,
     trace: Option<TraceParent>,
 ) {
-    match &active.credentials {
-        Some(credentials) => deployer.deploy(&active.spec, credentials, files, &active.watches.all_pods(), trace),
-        None => warn!("rendered, but there are no Dataplane credentials to deploy with"),
+    match &active.access {
+        Some(access) => deployer.deploy(&active.spec, access, files, &active.watches.all_pods(), trace),
+        None => warn!("rendered, but there are no Dataplane credentials (or TLS settings) to deploy with"),
     }
 }
 
@@ -444,14 +445,14 @@ async fn activate(
             ),
         ));
     }
-    let credentials = match deploy::credentials(client, spec, namespace).await {
-        Ok(credentials) => Some(credentials),
+    let access = match deploy::access(client, spec, namespace).await {
+        Ok(access) => Some(access),
         Err(why) => {
-            warn!(%why, "no Dataplane credentials; rendering only");
+            warn!(%why, "cannot reach the pods' Dataplane APIs; rendering only");
             None
         }
     };
-    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches, credentials })
+    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches, access })
 }
 
 /// The root span of one reconciliation: what triggered it (the first change names the

@@ -6,6 +6,7 @@
 //! pure functions in [`answers`] so it can be tested without a server.
 
 pub mod answers;
+pub mod tls;
 
 use std::fmt;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use reqwest::{Method, StatusCode, Url};
 use thiserror::Error;
 
 pub use answers::{ApiInfo, ConfigVersion, Health, Reload, ReloadId, ReloadStatus, RuntimeServer, StoredConfig};
+pub use tls::{TlsSettings, TlsSettingsError};
 
 /// Where a pod's Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +76,35 @@ impl fmt::Debug for Credentials {
     }
 }
 
+/// What every pod's Dataplane API is reached with: credentials and, optionally, TLS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// HTTP Basic credentials.
+    pub credentials: Credentials,
+    /// TLS settings; clear text when absent.
+    pub tls: Option<TlsSettings>,
+}
+
+impl Access {
+    /// Clear-text access with these credentials.
+    pub fn plain(credentials: Credentials) -> Self {
+        Self { credentials, tls: None }
+    }
+
+    /// The URL scheme pods are reached with.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// A client for one pod's endpoint.
+    pub fn client(&self, endpoint: Endpoint) -> Result<DataplaneClient, DataplaneError> {
+        match &self.tls {
+            Some(tls) => DataplaneClient::with_tls(endpoint, self.credentials.clone(), tls),
+            None => Ok(DataplaneClient::new(endpoint, self.credentials.clone())),
+        }
+    }
+}
+
 /// The kinds of auxiliary file storage the Dataplane API keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StorageKind {
@@ -130,8 +161,9 @@ pub enum DataplaneError {
         /// Why it failed.
         source: url::ParseError,
     },
-    /// The request did not get an HTTP answer (connection refused, timeout, ...).
-    #[error("Dataplane API {endpoint} unreachable ({method} {path}): {source}")]
+    /// The request did not get an HTTP answer (connection refused, timeout, a TLS handshake
+    /// refused, ...).
+    #[error("Dataplane API {endpoint} unreachable ({method} {path}): {cause}")]
     Unreachable {
         /// The pod's endpoint.
         endpoint: String,
@@ -139,8 +171,16 @@ pub enum DataplaneError {
         method: Method,
         /// The API path below `/v3`.
         path: String,
-        /// The transport error.
-        source: reqwest::Error,
+        /// The transport error with all its causes (a TLS failure's reason is the last one).
+        cause: String,
+    },
+    /// A client for this endpoint cannot be built with the TLS settings given.
+    #[error("Dataplane API {endpoint}: cannot set up TLS: {detail}")]
+    TlsSetup {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// What is wrong.
+        detail: String,
     },
     /// The pod's HAProxy refused the configuration (`haproxy -c` failed); `message` holds its output.
     #[error("Dataplane API {endpoint} rejected the configuration: {message}")]
@@ -195,9 +235,16 @@ pub enum DataplaneError {
 /// A client for one pod's Dataplane API.
 #[derive(Debug, Clone)]
 pub struct DataplaneClient {
+    /// The pod's address, as messages name it.
     endpoint: Endpoint,
+    /// Where requests go: the endpoint, or with TLS to a server name, that name (resolved to
+    /// the endpoint's address by the client itself).
+    request_base: Url,
     credentials: Credentials,
     http: reqwest::Client,
+    /// TLS without a client certificate: a connection closed during the exchange is most
+    /// likely a Dataplane API that requires one (it closes without saying why).
+    may_lack_client_certificate: bool,
 }
 
 /// Longest accepted wait for one Dataplane API call; a forced reload is the slowest.
@@ -206,14 +253,49 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const ERROR_BODY_LIMIT: usize = 2048;
 
 impl DataplaneClient {
-    /// Builds a client; the HTTP connection pool is shared by all its calls.
+    /// Builds a clear-text client (or one checking `https` endpoints against the system's
+    /// roots); the HTTP connection pool is shared by all its calls.
     pub fn new(endpoint: Endpoint, credentials: Credentials) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
-        Self { endpoint, credentials, http }
+        let http = Self::builder().build().unwrap_or_else(|_| reqwest::Client::new());
+        let request_base = endpoint.base.clone();
+        Self { endpoint, request_base, credentials, http, may_lack_client_certificate: false }
+    }
+
+    /// Builds a client speaking TLS with these settings: `https` whatever the endpoint's scheme
+    /// said, the pod's certificate checked against the settings' CA bundle only.
+    pub fn with_tls(
+        mut endpoint: Endpoint,
+        credentials: Credentials,
+        settings: &TlsSettings,
+    ) -> Result<Self, DataplaneError> {
+        let setup_error =
+            |endpoint: &Endpoint, detail: String| DataplaneError::TlsSetup { endpoint: endpoint.to_string(), detail };
+        // Only http and https URLs reach here, and both may change to https.
+        let _ = endpoint.base.set_scheme("https");
+        let mut request_base = endpoint.base.clone();
+        let mut builder = Self::builder().tls_certs_only(settings.roots.iter().cloned());
+        if let Some(identity) = &settings.identity {
+            builder = builder.identity(identity.clone());
+        }
+        if let Some(name) = &settings.server_name {
+            let ip = match endpoint.base.host() {
+                Some(url::Host::Ipv4(v4)) => std::net::IpAddr::V4(v4),
+                Some(url::Host::Ipv6(v6)) => std::net::IpAddr::V6(v6),
+                _ => return Err(setup_error(&endpoint, format!("server name {name:?} needs an endpoint given by IP"))),
+            };
+            let port = endpoint.base.port_or_known_default().unwrap_or(443);
+            request_base
+                .set_host(Some(name))
+                .map_err(|e| setup_error(&endpoint, format!("server name {name:?}: {e}")))?;
+            builder = builder.resolve(name, std::net::SocketAddr::new(ip, port));
+        }
+        let http = builder.build().map_err(|e| setup_error(&endpoint, tls::error_chain(&e)))?;
+        let may_lack_client_certificate = settings.identity.is_none();
+        Ok(Self { endpoint, request_base, credentials, http, may_lack_client_certificate })
+    }
+
+    fn builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder().timeout(REQUEST_TIMEOUT).connect_timeout(Duration::from_secs(5))
     }
 
     /// The endpoint this client talks to.
@@ -430,8 +512,13 @@ impl DataplaneClient {
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         self.http
-            .request(method, self.endpoint.join(path))
+            .request(method, self.url(path))
             .basic_auth(&self.credentials.username, Some(&self.credentials.password))
+    }
+
+    fn url(&self, path: &str) -> Url {
+        // Paths are constants of this module and never absolute, so joining cannot fail.
+        self.request_base.join(path).expect("relative API path")
     }
 
     async fn execute(
@@ -460,13 +547,22 @@ impl DataplaneClient {
                 response
             }
             Err(source) => {
+                let mut cause = tls::error_chain(&source);
+                if self.may_lack_client_certificate
+                    && (cause.contains("connection closed") || cause.contains("CertificateRequired"))
+                {
+                    cause.push_str(
+                        " (a Dataplane API that requires a client certificate closes the connection like this: \
+                         give one as tls.crt and tls.key in the Secret of spec.dataplane.tls)",
+                    );
+                }
                 span.record("otel.status_code", "ERROR");
-                span.record("otel.status_message", tracing::field::display(&source));
+                span.record("otel.status_message", cause.as_str());
                 return Err(DataplaneError::Unreachable {
                     endpoint: self.endpoint.to_string(),
                     method: method.clone(),
                     path: path.to_owned(),
-                    source,
+                    cause,
                 });
             }
         };

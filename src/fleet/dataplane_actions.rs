@@ -23,8 +23,8 @@ use tokio::time::Instant;
 
 use super::driver::{ActionError, Desired, Patched, PodActions, PodTarget, Reading, StoredCopy, Validation};
 use crate::dataplane::{
-    ConfigVersion, Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId,
-    ReloadStatus, StorageKind, StoredConfig,
+    Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus,
+    StorageKind, StoredConfig,
 };
 use crate::files::Checksum;
 use crate::journal::{Journal, PodUid};
@@ -37,7 +37,7 @@ const RENDER_MARKER: &str = "# haptic-render: ";
 
 /// The Dataplane adapter for every pod.
 pub struct DataplaneActions {
-    credentials: Mutex<Credentials>,
+    access: Mutex<Access>,
     clients: Mutex<HashMap<String, DataplaneClient>>,
     /// Where what a validation replaces is recorded before it is replaced, so that it can be put
     /// back even by a controller that restarted in between.
@@ -45,15 +45,19 @@ pub struct DataplaneActions {
 }
 
 impl DataplaneActions {
-    /// An adapter using these credentials for every pod, recording uploads in `journal`.
-    pub fn new(credentials: Credentials, journal: Arc<Journal>) -> Self {
-        Self { credentials: Mutex::new(credentials), clients: Mutex::new(HashMap::new()), journal }
+    /// An adapter reaching every pod with `access`, recording uploads in `journal`.
+    pub fn new(access: Access, journal: Arc<Journal>) -> Self {
+        Self { access: Mutex::new(access), clients: Mutex::new(HashMap::new()), journal }
     }
 
-    /// Replaces the credentials (the Secret changed); connections are rebuilt with them.
-    pub fn set_credentials(&self, credentials: Credentials) {
-        if let Ok(mut current) = self.credentials.lock() {
-            *current = credentials;
+    /// Replaces the credentials or TLS settings (a Secret changed); connections are rebuilt
+    /// with them. Unchanged settings keep the open connections.
+    pub fn set_access(&self, access: Access) {
+        if let Ok(mut current) = self.access.lock() {
+            if *current == access {
+                return;
+            }
+            *current = access;
         }
         if let Ok(mut clients) = self.clients.lock() {
             clients.clear();
@@ -66,8 +70,8 @@ impl DataplaneActions {
             return Ok(client.clone());
         }
         let endpoint = Endpoint::parse(&pod.endpoint).map_err(failed)?;
-        let credentials = self.credentials.lock().map_err(|_| failed("credentials poisoned"))?.clone();
-        let client = DataplaneClient::new(endpoint, credentials);
+        let access = self.access.lock().map_err(|_| failed("access settings poisoned"))?.clone();
+        let client = access.client(endpoint).map_err(failed)?;
         clients.insert(pod.endpoint.clone(), client.clone());
         Ok(client)
     }
@@ -459,6 +463,7 @@ mod request_shapes {
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
     use super::*;
+    use crate::dataplane::Credentials;
     use crate::files::{FileSet, RenderedFile};
 
     #[tokio::test]
@@ -529,7 +534,7 @@ mod request_shapes {
 
         let dir = tempfile::tempdir().unwrap();
         let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
-        let actions = DataplaneActions::new(Credentials::new("admin", "secret"), journal);
+        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal);
         let pod = PodTarget {
             uid: PodUid("u".into()),
             namespace: "n".into(),
@@ -608,7 +613,7 @@ mod request_shapes {
             .await;
         let dir = tempfile::tempdir().unwrap();
         let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
-        let actions = DataplaneActions::new(Credentials::new("admin", "secret"), journal);
+        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal);
         let pod = PodTarget {
             uid: PodUid("u".into()),
             namespace: "n".into(),

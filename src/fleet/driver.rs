@@ -509,6 +509,12 @@ impl<A: PodActions> PodDriver<A> {
         if step.from != step.to {
             info!(pod = %self.target.name, uid = %self.target.uid, from = %step.from, to = %step.to,
                   reason = ?event.kind(), error = ?self.machine.last_error, "pod transition");
+        } else if let Some(error) = &self.machine.last_error
+            && before.last_error.as_ref() != Some(error)
+        {
+            // A pod failing in place (unreachable, refusing our certificate...) is said once
+            // per new reason, not on every retry.
+            warn!(pod = %self.target.name, uid = %self.target.uid, state = %step.to, %error, "pod action failed");
         }
         for action in step.actions {
             match action {

@@ -56,6 +56,11 @@ HELM_VERSION = "v3.22.0"
 # The OpenTelemetry Collector's standard OTLP ports, on the environment's own loopback address.
 OTLP_PORTS = {4317: "gRPC", 4318: "HTTP"}
 DATAPLANE_USER = "admin"
+# The name the TLS pods' Dataplane API certificate is issued for (besides their IPs).
+DATAPLANE_SERVER_NAME = "dataplane.haptic.test"
+# The pods whose Dataplane API speaks TLS, beside the plain ones: kept out of `pods` (one
+# configuration reaches all its pods the same way); tests register them where they need them.
+TLS_PODS = {"haproxy-tls": False, "haproxy-mtls": True}  # name: requires a client certificate
 DEFAULT_NAMESPACE = "haptic-env"
 POD_LABELS = {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/part-of": "haptic-env"}
 
@@ -564,12 +569,42 @@ def make_backend_host(net: int) -> dict:
     return {"namespace": names["namespace"], "address": names["address"]}
 
 
-def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Components, password: str,
-              ready_timeout: float) -> dict:
+def make_dataplane_pki(directory: Path, ips: list[str]) -> dict:
+    """The certificates of the environment's TLS pods, made with openssl: a CA, one server
+    certificate for the name `DATAPLANE_SERVER_NAME` and every TLS pod's IP, and a client
+    certificate for the controller, all signed by that CA (P-256 keys, as the Dataplane API
+    only offers that curve)."""
+    if shutil.which("openssl") is None:
+        raise EnvError("missing tool: openssl makes the TLS pods' certificates; install openssl.")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*arguments: str) -> None:
+        done = subprocess.run(["openssl", *arguments], cwd=directory, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise EnvError(f"openssl {' '.join(arguments)} failed: {done.stderr.strip()}")
+
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "30",
+            "-subj", "/CN=haptic-env dataplane CA")
+    names = ",".join([f"DNS:{DATAPLANE_SERVER_NAME}"] + [f"IP:{ip}" for ip in ips])
+    issued = {"server": ("serverAuth", names), "client": ("clientAuth", "DNS:haptic-controller")}
+    for leaf, (usage, alt_names) in issued.items():
+        (directory / f"{leaf}.ext").write_text(f"subjectAltName={alt_names}\nextendedKeyUsage={usage}\n")
+        openssl("req", *key, "-keyout", f"{leaf}.key", "-out", f"{leaf}.csr", "-subj", f"/CN=haptic-env {leaf}")
+        openssl("x509", "-req", "-in", f"{leaf}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "30", "-extfile", f"{leaf}.ext", "-out", f"{leaf}.crt")
+    return {name: str(directory / name) for name in
+            ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
+def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Components, password: str,
+              ready_timeout: float, tls: dict | None = None) -> dict:
     """One simulated pod, configured as the chart configures one (chart/files): HAProxy from the
     chart's bootstrap configuration, the Dataplane API beside it from the chart's configuration
-    (master socket reload for HAProxy >= 2.7, the reload script for 2.6)."""
-    name = f"haproxy-{index}"
+    (master socket reload for HAProxy >= 2.7, the reload script for 2.6).
+
+    With `tls` (`make_dataplane_pki`'s files and `client_certificates`), the Dataplane API
+    serves https with the server certificate, and requires the client certificate when asked."""
     pod_dir = sup.state_dir / "pods" / name
     for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
         (pod_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -593,6 +628,10 @@ def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Co
         "HAPROXY_BIN": str(binary),
         "DATAPLANE_USERNAME": DATAPLANE_USER,
         "DATAPLANE_PASSWORD": password,
+        "DATAPLANE_SCHEME": "https" if tls else "http",
+        "TLS_CERTIFICATE": tls["server.crt"] if tls else "",
+        "TLS_KEY": tls["server.key"] if tls else "",
+        "TLS_CLIENT_CA": tls["ca.crt"] if tls and tls["client_certificates"] else "",
     }
     bootstrap = chart_file("haproxy-bootstrap.cfg", values)
     (pod_dir / "haproxy.cfg").write_text(bootstrap)
@@ -631,14 +670,20 @@ def start_pod(sup: Supervisor, index: int, ip: str, version: str, components: Co
     dataplane = sup.start(f"{name}/dataplaneapi",
                           in_pod_filesystem(pod_dir, [str(components.dataplaneapi), "-f", str(pod_dir / "dataplaneapi.yaml")]),
                           dataplane_log, env=env, cwd=pod_dir)
-    dataplane_url = f"http://{ip}:{DATAPLANE_PORT}/v3"
+    dataplane_url = f"{'https' if tls else 'http'}://{ip}:{DATAPLANE_PORT}/v3"
     auth = "Basic " + b64encode(f"{DATAPLANE_USER}:{password}".encode()).decode()
+    context = None
+    if tls:
+        context = ssl.create_default_context(cafile=tls["ca.crt"])
+        context.load_cert_chain(tls["client.crt"], tls["client.key"])
+        pod["tls"] = {"server_name": DATAPLANE_SERVER_NAME, "client_certificates": tls["client_certificates"],
+                      **{key.replace(".", "_"): value for key, value in tls.items() if "." in key}}
 
     def dataplane_healthy() -> bool:
         # /health says "unknown" under the custom reload strategy without a status_cmd, whatever
         # HAProxy does; /info answering with the version means the API serves.
         request = urllib.request.Request(dataplane_url + "/info", headers={"Authorization": auth})
-        with urllib.request.urlopen(request, timeout=1) as response:
+        with urllib.request.urlopen(request, timeout=1, context=context) as response:
             return DATAPLANEAPI_TAG in json.loads(response.read()).get("api", {}).get("version", "")
 
     wait_until(f"Dataplane API of pod {name} ({dataplane_url})", dataplane_log, dataplane_healthy, ready_timeout,
@@ -710,9 +755,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         started = time.monotonic()
         net = args.net
         pod_ips = [f"127.{net}.0.{2 + i}" for i in range(args.pods)]
+        tls_pod_ips = [f"127.{net}.0.{2 + args.pods + i}" for i in range(len(TLS_PODS))]
         backend_ips = [f"127.{net}.1.{1 + i}" for i in range(args.backends)]
         otlp_ip = f"127.{net}.2.1"
         wanted = [(ip, DATAPLANE_PORT, f"pod haproxy-{i} Dataplane API") for i, ip in enumerate(pod_ips)]
+        wanted += [(ip, port, f"pod {name}") for name, ip in zip(TLS_PODS, tls_pod_ips)
+                   for port in (DATAPLANE_PORT, HAPROXY_HTTP_PORT, HAPROXY_HEALTH_PORT)]
         wanted += [(ip, HAPROXY_HTTP_PORT, f"pod haproxy-{i} HAProxy") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, HAPROXY_HEALTH_PORT, f"pod haproxy-{i} HAProxy health") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, BACKEND_PORT, f"backend-{i}") for i, ip in enumerate(backend_ips)]
@@ -727,7 +775,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         check_versions(args.haproxy_versions.split(","), components)
         check_pod_filesystems()
 
-        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol"):
+        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol", "dataplane-pki"):
             path = state_dir / stale
             if path.is_dir():
                 shutil.rmtree(path)
@@ -737,7 +785,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         backend_host = make_backend_host(net)
         sup = Supervisor(state_dir)
         try:
-            manifest = bring_up(sup, components, args, pod_ips, backend_ips, otlp_ip)
+            manifest = bring_up(sup, components, args, pod_ips, tls_pod_ips, backend_ips, otlp_ip)
         except BaseException:
             left = stop_processes(state_dir)
             if left:
@@ -754,7 +802,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, pod_ips: list[str],
-             backend_ips: list[str], otlp_ip: str) -> dict:
+             tls_pod_ips: list[str], backend_ips: list[str], otlp_ip: str) -> dict:
     state_dir = sup.state_dir
     apiserver_dir = state_dir / "apiserver"
     kubeconfig = apiserver_dir / "kubeconfig"
@@ -766,8 +814,12 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
     versions = args.haproxy_versions.split(",")
     backends = start_backends(sup, backend_ips, args.ready_timeout)
     otlp = start_otelcol(sup, components.otelcol, otlp_ip, args.ready_timeout)
-    pods = [start_pod(sup, i, ip, versions[i % len(versions)], components, password, args.ready_timeout)
-            for i, ip in enumerate(pod_ips)]
+    pods = [start_pod(sup, f"haproxy-{i}", ip, versions[i % len(versions)], components, password,
+                      args.ready_timeout) for i, ip in enumerate(pod_ips)]
+    pki = make_dataplane_pki(state_dir / "dataplane-pki", tls_pod_ips)
+    tls_pods = [start_pod(sup, name, ip, versions[0], components, password, args.ready_timeout,
+                          tls={**pki, "client_certificates": client_certificates})
+                for (name, client_certificates), ip in zip(TLS_PODS.items(), tls_pod_ips)]
     wait_until("kube-apiserver (with embedded etcd)", apiserver_log, kubeconfig.exists, args.ready_timeout, apiserver)
 
     kube = kube_from_kubeconfig(kubeconfig, apiserver_dir / "pki" / "ca.crt")
@@ -786,6 +838,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
         "pod_labels": POD_LABELS,
         "dataplane": {"port": DATAPLANE_PORT, "username": DATAPLANE_USER, "password": password},
         "pods": pods,
+        "tls_pods": tls_pods,
         "backends": backends,
         "otlp": otlp,
         "tools": {"helm": str(components.helm)},
@@ -811,7 +864,7 @@ def print_summary(manifest: dict) -> None:
     print(f"namespace:   {manifest['namespace']}")
     dataplane = manifest["dataplane"]
     print(f"dataplane:   user {dataplane['username']}, password {dataplane['password']}")
-    for pod in manifest["pods"]:
+    for pod in manifest["pods"] + manifest.get("tls_pods", []):
         print(f"pod {pod['name']}: HAProxy {pod['haproxy_version']} at http://{pod['http_address']}  "
               f"Dataplane API {pod['dataplane_url']}  (dir {pod['dir']})")
     for backend in manifest["backends"]:
@@ -904,7 +957,7 @@ def cmd_dataplane(args: argparse.Namespace) -> int:
         if not env_is_running(state_dir) and args.action == "stop":
             raise EnvError(f"no environment running in {state_dir}")
         manifest = json.loads((state_dir / "env.json").read_text())
-        pod = next((p for p in manifest["pods"] if p["name"] == args.pod), None)
+        pod = next((p for p in manifest["pods"] + manifest.get("tls_pods", []) if p["name"] == args.pod), None)
         if pod is None:
             raise EnvError(f"no pod {args.pod!r} in {state_dir}")
         name = f"{args.pod}/dataplaneapi"

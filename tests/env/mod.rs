@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use std::io::{Read, Write};
 
 use anyhow::{Context, Result, bail, ensure};
-use haptic::dataplane::{Credentials, DataplaneClient, Endpoint};
+use haptic::dataplane::{Access, Credentials, DataplaneClient, Endpoint, TlsSettings};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -40,6 +40,9 @@ pub struct Manifest {
     pub dataplane: DataplaneAccess,
     /// The simulated HAProxy pods.
     pub pods: Vec<EnvPod>,
+    /// Pods whose Dataplane API speaks TLS (`haproxy-tls`; `haproxy-mtls` also requires a client
+    /// certificate), registered only by the tests that use them.
+    pub tls_pods: Vec<EnvPod>,
     /// The HTTP backends.
     pub backends: Vec<Backend>,
     /// The host of the environment's own that backends named in EndpointSlices run on.
@@ -109,6 +112,24 @@ pub struct EnvPod {
     pub master_socket: PathBuf,
     /// The file holding the HAProxy master's pid.
     pub pid_file: PathBuf,
+    /// Its Dataplane API's TLS, when it speaks TLS.
+    #[serde(default)]
+    pub tls: Option<PodTls>,
+}
+
+/// The TLS of a pod's Dataplane API, from the environment's PKI.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PodTls {
+    /// The DNS name its certificate is issued for (besides its IP).
+    pub server_name: String,
+    /// Whether it requires a client certificate.
+    pub client_certificates: bool,
+    /// The CA that signed its certificate and the client certificate.
+    pub ca_crt: PathBuf,
+    /// A client certificate it accepts.
+    pub client_crt: PathBuf,
+    /// That certificate's key.
+    pub client_key: PathBuf,
 }
 
 /// What has been written to a pod: its configuration version (every write through the
@@ -256,14 +277,27 @@ impl Manifest {
         Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
     }
 
-    /// A Dataplane client for one pod, with the environment's credentials.
+    /// A Dataplane client for one pod, with the environment's credentials (and, for a TLS
+    /// pod, its CA, server name and the client certificate).
     pub fn dataplane(&self, pod: &EnvPod) -> DataplaneClient {
         let endpoint = Endpoint::parse(&pod.dataplane_url).expect("env.json holds valid URLs");
-        DataplaneClient::new(endpoint, Credentials::new(&self.dataplane.username, &self.dataplane.password))
+        let credentials = Credentials::new(&self.dataplane.username, &self.dataplane.password);
+        let tls = pod.tls.as_ref().map(|tls| {
+            let read = |path: &Path| std::fs::read(path).expect("the environment's PKI files exist");
+            let (certificate, key) = (read(&tls.client_crt), read(&tls.client_key));
+            TlsSettings::from_pem(&read(&tls.ca_crt), Some((&certificate, &key)), Some(&tls.server_name))
+                .expect("the environment's PKI is valid")
+        });
+        Access { credentials, tls }.client(endpoint).expect("a client for an environment pod")
     }
 
     /// Creates a namespace of its own for one test, with every environment pod registered in it.
     pub async fn fresh_namespace(&self, client: &kube::Client, test: &str) -> Result<String> {
+        self.fresh_namespace_with(client, test, &self.pods).await
+    }
+
+    /// Creates a namespace of its own for one test, with these pods registered in it.
+    pub async fn fresh_namespace_with(&self, client: &kube::Client, test: &str, pods: &[EnvPod]) -> Result<String> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let name = format!(
             "{}-{}-{}",
@@ -274,7 +308,7 @@ impl Manifest {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
         namespaces.create(&PostParams::default(), &namespace).await.with_context(|| format!("creating {name}"))?;
-        for pod in &self.pods {
+        for pod in pods {
             register_pod(client, &name, pod).await?;
         }
         Ok(name)
