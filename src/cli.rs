@@ -63,12 +63,16 @@ pub struct RunArgs {
     /// Transitions kept per pod in the journal's log.
     #[arg(long, default_value_t = 100)]
     pub journal_retention: u64,
-    /// Where the read-only HTTP API (pods, render, health) listens.
+    /// Where the read-only HTTP API (pods, render, metrics) listens.
     #[arg(long, env = "HAPTIC_API_ADDRESS", default_value = "0.0.0.0:8080")]
     pub api_address: std::net::SocketAddr,
+    /// Where `/healthz` and `/readyz` are served, without authentication (probes carry no
+    /// token), on a port of their own so that a network policy can open only them.
+    #[arg(long, env = "HAPTIC_HEALTH_ADDRESS", default_value = "0.0.0.0:8081")]
+    pub health_address: std::net::SocketAddr,
     /// Who may read `/api/v1/*` and `/metrics`: `kubernetes` (a bearer token whose user may
     /// `get` `fleet.haptic.dev`, checked with TokenReview and SubjectAccessReview) or `none`
-    /// (anyone who can reach the port: local use only). Health stays open either way.
+    /// (anyone who can reach the port: local use only). Health is always open, on its own port.
     #[arg(long, env = "HAPTIC_API_AUTH", value_enum, default_value_t = ApiAuth::Kubernetes)]
     pub api_auth: ApiAuth,
     /// Elect a leader among replicas on this Lease (in the configuration's namespace); only
@@ -218,6 +222,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         journal_dir: (!args.render_only).then_some(args.journal_dir),
         journal_retention: args.journal_retention,
         api_address: Some(args.api_address),
+        health_address: Some(args.health_address),
         api_auth: args.api_auth == ApiAuth::Kubernetes,
         election,
     };

@@ -381,7 +381,12 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         }
         async move { anyhow::Ok(request.send().await?.status().as_u16()) }
     };
-    ensure!(status_of("/healthz", None).await? == 200, "health must stay open");
+    let health = controller.health_url().await?;
+    for path in ["/healthz", "/readyz"] {
+        let status = http.get(format!("{health}{path}")).send().await?.status().as_u16();
+        ensure!(status == 200, "{path} must stay open on the health port: {status}");
+    }
+    ensure!(status_of("/healthz", None).await? == 404, "health is not on the API port");
     for path in ["/api/v1/pods", "/api/v1/config", "/metrics"] {
         let cases = [
             (None, 401, "no token"),

@@ -54,24 +54,32 @@ impl ApiState {
     }
 }
 
-/// The API's routes: health open to all (probes carry no token), the rest behind `auth`.
+/// The API's routes, all behind `auth`; health is served on a port of its own
+/// ([`health_router`]), so a network policy can open it to probes and nothing else.
 pub fn router(state: ApiState) -> Router {
-    let guarded = Router::new()
+    Router::new()
         .route("/api/v1/pods", get(pods))
         .route("/api/v1/pods/{namespace}/{name}", get(pod))
         .route("/api/v1/config", get(config))
         .route("/api/v1/config/files/{*name}", get(config_file))
         .route("/api/v1/openapi.json", get(|| async { Json(openapi()) }))
         .route("/metrics", get(metrics))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), authorize));
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), authorize))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Liveness and readiness, open to all (probes carry no token) and saying nothing else.
+pub fn health_router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .merge(guarded)
-        .fallback(|uri: axum::http::Uri| async move {
-            error(StatusCode::NOT_FOUND, format!("no such resource: {}", uri.path()))
-        })
+        .fallback(not_found)
         .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error(StatusCode::NOT_FOUND, format!("no such resource: {}", uri.path()))
 }
 
 /// Lets a request through when its bearer token may read the API (or auth is off): 401
@@ -109,11 +117,16 @@ pub async fn serve(listener: tokio::net::TcpListener, state: ApiState) -> std::i
     axum::serve(listener, router(state)).await
 }
 
-/// Binds the API's address; the error names it.
-pub async fn bind(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+/// Serves health on `listener` until the task is dropped.
+pub async fn serve_health(listener: tokio::net::TcpListener, state: ApiState) -> std::io::Result<()> {
+    axum::serve(listener, health_router(state)).await
+}
+
+/// Binds one of the HTTP listeners (`what`: "the HTTP API", "health"); the error names it.
+pub async fn bind(address: SocketAddr, what: &str) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("binding the HTTP API to {address}: {e}")))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {what} to {address}: {e}")))
 }
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -344,12 +357,9 @@ pub fn openapi() -> serde_json::Value {
     let mut document = json!({
         "openapi": "3.0.3",
         "info": {"title": "haptic", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Read-only views of HAProxy pods' sync state and the current render."},
+                 "description": "Read-only views of HAProxy pods' sync state and the current render. \
+                     Liveness (/healthz) and readiness (/readyz) are served on the health port, not here."},
         "paths": {
-            "/healthz": {"get": {"responses": {"200": json_response("alive", json!({"type": "object"}))}}},
-            "/readyz": {"get": {"responses": {
-                "200": json_response("ready", json!({"type": "object"})),
-                "503": json_response("not ready", error.clone())}}},
             "/api/v1/pods": {"get": {"responses": {
                 "200": json_response("every known pod", json!({"type": "object", "required": ["pods"],
                     "properties": {"pods": {"type": "array", "items": {"$ref": "#/components/schemas/Pod"}}}})),
@@ -406,9 +416,9 @@ pub fn openapi() -> serde_json::Value {
                 "lastError": {"type": "string", "nullable": true}}}
         }}
     });
-    // Everything but health is behind a Kubernetes bearer token (see `authorize`).
+    // Everything is behind a Kubernetes bearer token (see `authorize`).
     if let Some(paths) = document["paths"].as_object_mut() {
-        for (_, item) in paths.iter_mut().filter(|(path, _)| !matches!(path.as_str(), "/healthz" | "/readyz")) {
+        for item in paths.values_mut() {
             let responses = &mut item["get"]["responses"];
             responses["401"] = json_response("no valid Kubernetes bearer token", error.clone());
             let forbidden = format!("the token's user may not get {}.{}", auth::RESOURCE, auth::GROUP);
@@ -436,10 +446,33 @@ mod tests {
     use crate::journal::PodUid;
 
     async fn start(state: ApiState) -> String {
-        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap(), "the HTTP API").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, state));
         format!("http://{address}")
+    }
+
+    async fn start_health(state: ApiState) -> String {
+        let listener = bind("127.0.0.1:0".parse().unwrap(), "health").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(serve_health(listener, state));
+        format!("http://{address}")
+    }
+
+    #[tokio::test]
+    async fn health_has_its_own_port_and_the_api_port_serves_none() {
+        let (state, _dir) = state_with_a_pod();
+        let api = start(state.clone()).await;
+        let health = start_health(state.clone()).await;
+        let status = |url: String| async move { reqwest::get(url).await.unwrap().status().as_u16() };
+        assert_eq!(status(format!("{health}/healthz")).await, 200);
+        assert_eq!(status(format!("{health}/readyz")).await, 503);
+        state.ready.store(true, Ordering::Release);
+        assert_eq!(status(format!("{health}/readyz")).await, 200);
+        for path in ["/api/v1/pods", "/metrics", "/api/v1/config"] {
+            assert_eq!(status(format!("{health}{path}")).await, 404, "{path} on the health port");
+        }
+        assert_eq!(status(format!("{api}/healthz")).await, 404, "health on the API port");
     }
 
     fn state_with_a_pod() -> (ApiState, tempfile::TempDir) {
@@ -519,7 +552,6 @@ mod tests {
             ("/api/v1/pods/haptic/haproxy-0?after=-1", 400),
             ("/api/v1/pods/haptic/haproxy-0?after=9223372036854775808", 400),
             ("/api/v1/config/files/none.map", 404),
-            ("/readyz", 503),
         ] {
             let response = reqwest::get(format!("{base}{path}")).await.unwrap();
             assert_eq!(response.status().as_u16(), status, "{path}");
@@ -533,8 +565,6 @@ mod tests {
     fn the_openapi_document_names_every_route() {
         let document = openapi();
         for route in [
-            "/healthz",
-            "/readyz",
             "/api/v1/pods",
             "/api/v1/pods/{namespace}/{name}",
             "/api/v1/config",

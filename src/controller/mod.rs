@@ -50,6 +50,8 @@ pub struct ControllerOptions {
     pub journal_retention: u64,
     /// Where the read-only HTTP API listens, if anywhere.
     pub api_address: Option<std::net::SocketAddr>,
+    /// Where `/healthz` and `/readyz` are served, if anywhere.
+    pub health_address: Option<std::net::SocketAddr>,
     /// Whether `/api/v1/*` and `/metrics` ask for a Kubernetes token allowed to read them.
     pub api_auth: bool,
     /// Leader election among replicas; without it, this replica deploys alone.
@@ -179,9 +181,17 @@ pub async fn run(
     let api = crate::api::ApiState { journal: journal.clone(), auth, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
         Some(address) => {
-            let listener = crate::api::bind(address).await?;
+            let listener = crate::api::bind(address, "the HTTP API").await?;
             info!(address = %listener.local_addr()?, "HTTP API listening");
             Some(AbortOnDrop(tokio::spawn(crate::api::serve(listener, api.clone()))))
+        }
+        None => None,
+    };
+    let _health_task = match options.health_address {
+        Some(address) => {
+            let listener = crate::api::bind(address, "health").await?;
+            info!(address = %listener.local_addr()?, "health listening");
+            Some(AbortOnDrop(tokio::spawn(crate::api::serve_health(listener, api.clone()))))
         }
         None => None,
     };

@@ -170,7 +170,7 @@ impl ControllerProcess {
             .arg(&render_dir)
             .arg("--journal-dir")
             .arg(journal)
-            .args(["--api-address", "127.0.0.1:0"])
+            .args(["--api-address", "127.0.0.1:0", "--health-address", "127.0.0.1:0"])
             .args(&extra.args)
             .env("KUBECONFIG", extra.kubeconfig.as_ref().unwrap_or(&env.kubeconfig))
             .env("RUST_LOG", "info,haptic=debug")
@@ -230,10 +230,19 @@ impl ControllerProcess {
 
     /// The HTTP API's base URL, once the controller has logged where it listens.
     pub async fn api_url(&self) -> Result<String> {
+        self.listening_url("HTTP API listening").await
+    }
+
+    /// The base URL of the health port (`/healthz`, `/readyz`), read from the log.
+    pub async fn health_url(&self) -> Result<String> {
+        self.listening_url("health listening").await
+    }
+
+    async fn listening_url(&self, message: &str) -> Result<String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             let log = self.log_text();
-            if let Some(line) = log.lines().find(|line| line.contains("HTTP API listening")) {
+            if let Some(line) = log.lines().find(|line| line.contains(message)) {
                 let address = line
                     .split("address=")
                     .nth(1)
@@ -245,7 +254,7 @@ impl ControllerProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        bail!("the controller never said where its HTTP API listens:\n{}", self.log_tail())
+        bail!("the controller never said {message:?}:\n{}", self.log_tail())
     }
 
     /// The path of the log, for messages.
