@@ -9,7 +9,7 @@ TEST_ENV_NET ?= 1
 PYTHON ?= python3
 ENVCTL = $(PYTHON) tests/env/envctl.py
 
-.PHONY: demo test env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint
+.PHONY: demo test env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz
 
 ## Bring up the local environment and show a request routed through HAProxy to a backend.
 demo: build
@@ -27,8 +27,14 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --quiet -- -D warnings
 
+# The fuzz targets (src/fuzz.rs) run here for their default budget of a few seconds each.
 test-unit:
 	cargo test --lib --bins
+
+## The fuzz targets for FUZZ_SECONDS each (default 600), one after the other.
+FUZZ_SECONDS ?= 600
+fuzz:
+	HAPTIC_FUZZ_SECONDS=$(FUZZ_SECONDS) cargo test --lib fuzz:: -- --nocapture --test-threads=1
 
 test-env-scripts:
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/env/test_envctl.py

@@ -20,3 +20,6 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod watch;
+
+#[cfg(test)]
+mod fuzz;

@@ -103,13 +103,13 @@ struct ErrorAnswer {
 
 /// Parses `GET /info`.
 pub fn parse_info(body: &str) -> Result<ApiInfo, String> {
-    let answer: InfoAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let answer: InfoAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
     Ok(ApiInfo { version: answer.api.version, build_date: answer.api.build_date })
 }
 
 /// Parses `GET /health`.
 pub fn parse_health(body: &str) -> Result<Health, String> {
-    let answer: HealthAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let answer: HealthAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
     Ok(match answer.haproxy.as_str() {
         "up" => Health::Up,
         "down" => Health::Down,
@@ -119,12 +119,12 @@ pub fn parse_health(body: &str) -> Result<Health, String> {
 
 /// Parses a configuration version, from a body or a `Configuration-Version` header.
 pub fn parse_version(text: &str) -> Result<ConfigVersion, String> {
-    text.trim().parse::<u64>().map(ConfigVersion).map_err(|e| format!("configuration version {text:?}: {e}"))
+    text.trim().parse::<u64>().map(ConfigVersion).map_err(|e| format!("configuration version {}: {e}", excerpt(text)))
 }
 
 /// Parses one reload (`GET /services/haproxy/reloads/{id}`).
 pub fn parse_reload(body: &str) -> Result<Reload, String> {
-    let answer: ReloadAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let answer: ReloadAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
     reload_from(answer)
 }
 
@@ -151,13 +151,13 @@ struct RuntimeServerAnswer {
 
 /// Parses a runtime server (`GET /services/haproxy/runtime/backends/{b}/servers/{s}`).
 pub fn parse_runtime_server(body: &str) -> Result<RuntimeServer, String> {
-    let answer: RuntimeServerAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let answer: RuntimeServerAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
     Ok(RuntimeServer { address: answer.address, port: answer.port, admin_state: answer.admin_state })
 }
 
 /// Parses the list of reloads (`GET /services/haproxy/reloads`).
 pub fn parse_reloads(body: &str) -> Result<Vec<Reload>, String> {
-    let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
     answers.into_iter().map(reload_from).collect()
 }
 
@@ -166,7 +166,7 @@ fn reload_from(answer: ReloadAnswer) -> Result<Reload, String> {
         "in_progress" => ReloadStatus::InProgress,
         "succeeded" => ReloadStatus::Succeeded,
         "failed" => ReloadStatus::Failed,
-        other => return Err(format!("reload {:?} has unknown status {other:?}", answer.id)),
+        other => return Err(format!("reload {} has unknown status {}", excerpt(&answer.id), excerpt(other))),
     };
     let id = (!answer.id.is_empty()).then_some(ReloadId(answer.id));
     Ok(Reload { id, status, response: answer.response.filter(|r| !r.is_empty()) })
@@ -174,7 +174,7 @@ fn reload_from(answer: ReloadAnswer) -> Result<Reload, String> {
 
 /// Parses a storage listing (`GET /services/haproxy/storage/maps` or `.../general`).
 pub fn parse_storage_names(body: &str) -> Result<Vec<String>, String> {
-    let entries: Vec<StorageEntry> = serde_json::from_str(body).map_err(|e| format!("{e} in {body:?}"))?;
+    let entries: Vec<StorageEntry> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
     let mut names: Vec<String> = entries.into_iter().map(|e| e.storage_name).collect();
     names.sort();
     Ok(names)
@@ -213,9 +213,35 @@ impl StoredConfig {
 }
 
 /// The human message of an error answer: the `message` field when the body is the API's JSON
-/// error, else the body itself.
+/// error, else the body itself; at most [`MESSAGE_LIMIT`] bytes of either (HAProxy's output
+/// for a refused configuration fits; an answer is not ours to copy into logs whole).
 pub fn error_message(body: &str) -> String {
-    serde_json::from_str::<ErrorAnswer>(body).map(|e| e.message).unwrap_or_else(|_| body.trim().to_owned())
+    let message =
+        serde_json::from_str::<ErrorAnswer>(body).map(|e| e.message).unwrap_or_else(|_| body.trim().to_owned());
+    cut(message, MESSAGE_LIMIT)
+}
+
+/// Longest error message kept from an answer.
+pub const MESSAGE_LIMIT: usize = 3072;
+/// How much of an unreadable answer its parse error quotes.
+const EXCERPT_LIMIT: usize = 256;
+
+/// The start of an answer, quoted, for a parse error: enough to recognise it, never all of it.
+fn excerpt(body: &str) -> String {
+    if body.len() <= EXCERPT_LIMIT {
+        format!("{body:?}")
+    } else {
+        format!("{:?}… ({} bytes)", cut(body.to_owned(), EXCERPT_LIMIT), body.len())
+    }
+}
+
+fn cut(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
+        let end = (0..=limit).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+        text.truncate(end);
+        text.push_str(" […]");
+    }
+    text
 }
 
 #[cfg(test)]

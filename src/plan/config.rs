@@ -3,7 +3,7 @@
 //! syntax to compare two configurations; HAProxy itself remains the judge of validity.
 
 /// Keywords that open a section.
-const SECTION_KEYWORDS: &[&str] = &[
+pub(crate) const SECTION_KEYWORDS: &[&str] = &[
     "global",
     "defaults",
     "frontend",

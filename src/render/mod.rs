@@ -7,7 +7,7 @@
 //! order their events arrived in.
 
 mod context;
-mod filters;
+pub(crate) mod filters;
 mod library;
 
 use std::collections::{BTreeMap, BTreeSet};
