@@ -271,6 +271,11 @@ fn haproxy_safe_filters_give_haproxy_exactly_the_value_or_refuse_it() {
             prop_assert!(bare(&host) && host.len() <= 253, "hostname let through {host:?}");
             prop_assert!(host.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.*".contains(&b)));
         }
+        if let Ok(path) = filters::url_path(&value) {
+            // `$` is literal outside double quotes, and `%` only ever starts an %-escape here.
+            let one_word = haproxy_words(&format!("x {path}")).is_ok_and(|words| words == ["x", path.as_str()]);
+            prop_assert!(one_word && path.starts_with('/') && !path.contains("%["), "url_path let through {path:?}");
+        }
         if let Ok(key) = filters::map_key(&value) {
             prop_assert!(!key.is_empty() && !key.chars().any(|c| c.is_whitespace() || c.is_control()));
         }

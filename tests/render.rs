@@ -178,7 +178,7 @@ fn with_host(objects: &[(PathBuf, Json)], host: &str) -> Vec<(PathBuf, Json)> {
 }
 
 #[test]
-fn hostile_values_are_refused_naming_the_object_and_nothing_is_emitted() {
+fn hostile_values_are_refused_naming_the_object_and_field_never_the_value() {
     let config = example_config();
     for (host, why) in
         [("shop.example.com\nbackend evil", "a newline"), ("shop\".example.com", "not a valid host name")]
@@ -186,8 +186,55 @@ fn hostile_values_are_refused_naming_the_object_and_nothing_is_emitted() {
         let error = render(&config, &with_host(&example_objects(), host)).unwrap_err();
         let message = error.to_string();
         assert!(message.contains(why), "{message}");
+        assert!(message.contains("field spec.rules[0].host of Ingress web/shop"), "{message}");
+        assert!(!message.contains("evil") && !message.contains("shop\""), "the value was quoted: {message}");
         assert_eq!(error.offending_object().map(ToString::to_string).as_deref(), Some("Ingress web/shop"), "{message}");
     }
+}
+
+#[test]
+fn a_value_printed_without_a_filter_is_refused_in_every_kind_of_template() {
+    let objects = example_objects();
+    let unfiltered = [
+        ("haproxyConfig", "{% for i in resources.ingresses.list() %}# {{ i.metadata.name }}\n{% endfor %}"),
+        ("maps", "{% for i in resources.ingresses.list() %}{{ i.metadata.name }} x\n{% endfor %}"),
+        ("files", "{% for i in resources.ingresses.list() %}{{ i.metadata.name }}\n{% endfor %}"),
+        // Joined to a filtered value, the unfiltered one goes through the same check.
+        (
+            "haproxyConfig",
+            "{% for i in resources.ingresses.list() %}{{ i.metadata.namespace | bare_word ~ i.metadata.name }}\n{% endfor %}",
+        ),
+        // Nothing vouches for a value but the filters.
+        ("haproxyConfig", "{% for i in resources.ingresses.list() %}{{ i.metadata.name | safe }}\n{% endfor %}"),
+        // A whole map would print its strings unvetted.
+        ("haproxyConfig", "{% for i in resources.ingresses.list() %}{{ i.metadata }}\n{% endfor %}"),
+    ];
+    for (kind, template) in unfiltered {
+        let config = config_with(|c| match kind {
+            "maps" => drop(c.spec.templates.maps.insert("names.map".into(), template.into())),
+            "files" => drop(c.spec.templates.files.insert("names.txt".into(), template.into())),
+            _ => c.spec.templates.haproxy_config = template.into(),
+        });
+        let error = render(&config, &objects).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("filter") || message.contains("safe is not available") || message.contains("whole"),
+            "{kind}: {message}"
+        );
+        // A value of the object is the object's fault (it can be left out); `safe` and a whole
+        // map are the template's.
+        let templates_fault = message.contains("safe is not available") || message.contains("whole map");
+        assert_eq!(error.offending_object().is_some(), !templates_fault, "{kind}: {message}");
+    }
+    let filtered = config_with(|c| {
+        c.spec.templates.files.insert(
+            "names.txt".into(),
+            "{% for i in resources.ingresses.list() %}{{ i.metadata.name | bare_word }} {{ 3 }} {{ true }}\n{% endfor %}"
+                .into(),
+        );
+    });
+    let files = render(&filtered, &objects).unwrap();
+    assert!(files.files["names.txt"].content.contains("shop 3 True"), "{}", files.files["names.txt"].content);
 }
 
 #[test]
@@ -240,8 +287,8 @@ fn slotted_config() -> HAProxyTemplateConfig {
             "{% set ready = collector() %}{% for endpoint in service_endpoints(",
         );
         *cfg = cfg.replace(
-            "    server ep_{{ endpoint.address }} {{ endpoint.address }}:{{ endpoint.port }}\n{% endfor %}",
-            "{% set _ = ready.push(endpoint) %}{% endfor %}\n{% for s in server_slots(\"be_\" ~ route.id, ready.items(), 4) %}\n    server {{ s.name }} {{ s.address }}:{{ s.port }}{{ \"\" if s.enabled else \" disabled\" }}\n{% endfor %}",
+            "    server ep_{{ endpoint.address | bare_word }} {{ endpoint.address | bare_word }}:{{ endpoint.port }}\n{% endfor %}",
+            "{% set _ = ready.push(endpoint) %}{% endfor %}\n{% for s in server_slots(\"be_\" ~ route.id, ready.items(), 4) %}\n    server {{ s.name | bare_word }} {{ s.address | bare_word }}:{{ s.port }}{% if not s.enabled %} disabled{% endif +%}\n{% endfor %}",
         );
         assert_ne!(*cfg, before, "the example's server loop changed; update this test");
     })

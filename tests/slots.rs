@@ -21,7 +21,7 @@ const TEMPLATE: &str = r#"backend be_web
 {% endfor %}
 {% endfor %}
 {% for s in server_slots("be_web", ready.items(), 4) %}
-    server {{ s.name }} {{ s.address }}:{{ s.port }}{{ "" if s.enabled else " disabled" }}
+    server {{ s.name | bare_word }} {{ s.address | bare_word }}:{{ s.port }}{% if not s.enabled %} disabled{% endif +%}
 {% endfor %}
 "#;
 

@@ -37,7 +37,7 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
             "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
                                                "namespaces": [namespace]}},
             "dataplane": {"credentialsSecretRef": {"name": "dataplane"}},
-            "templates": {"haproxyConfig": "global\n    maxconn 100\n{% for i in resources.ingresses.list() %}# ingress {{ i.metadata.name }}\n{% endfor %}"}
+            "templates": {"haproxyConfig": "global\n    maxconn 100\n{% for i in resources.ingresses.list() %}# ingress {{ i.metadata.name | bare_word }}\n{% endfor %}"}
         }),
     )
     .await?;

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-const TEMPLATE: &str = "{% for s in resources.services %}service {{ s.metadata.name }} {{ s.spec.ports[0].port }}\n{% endfor %}\
-{% for w in resources.widgets %}widget {{ w.metadata.name }} {{ w.spec.size }}\n{% endfor %}";
+const TEMPLATE: &str = "{% for s in resources.services %}service {{ s.metadata.name | bare_word }} {{ s.spec.ports[0].port }}\n{% endfor %}\
+{% for w in resources.widgets %}widget {{ w.metadata.name | bare_word }} {{ w.spec.size }}\n{% endfor %}";
 
 fn config(namespace: &str, template: &str) -> Value {
     json!({
@@ -216,7 +216,7 @@ async fn an_invalid_configuration_is_reported_and_the_previous_one_keeps_working
 
     let fixed = Patch::Merge(json!({"spec": {
         "watchedResources": {"gadgets": null},
-        "templates": {"haproxyConfig": "fixed\n{% for s in resources.services %}svc {{ s.metadata.name }}\n{% endfor %}"}}}));
+        "templates": {"haproxyConfig": "fixed\n{% for s in resources.services %}svc {{ s.metadata.name | bare_word }}\n{% endfor %}"}}}));
     configs.patch("test", &PatchParams::default(), &fixed).await?;
     wait_for_condition(&configs, 4, "True", "Accepted").await?;
     controller
@@ -242,7 +242,7 @@ async fn templates_see_the_ready_haproxy_pods_and_follow_their_readiness() -> Re
         dataplane.push_raw(&env::config_routing_to(backend), version, PushMode::ForceReload).await?;
     }
     let namespace = env.fresh_namespace(&client, "pods-context").await?;
-    let template = "{% for p in pods %}pod {{ p.name }} {{ p.ip }}\n{% endfor %}";
+    let template = "{% for p in pods %}pod {{ p.name | bare_word }} {{ p.ip | bare_word }}\n{% endfor %}";
     create_config(&client, &namespace, template).await?;
     let controller = ControllerProcess::start(env, &namespace, "test")?;
     let long = Duration::from_secs(30);

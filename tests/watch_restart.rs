@@ -23,7 +23,7 @@ async fn watching_resumes_after_an_api_server_restart_without_spurious_renders()
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
             "watchedResources": {"services": {"apiVersion": "v1", "kind": "Service", "namespaces": [namespace]}},
             "dataplane": {"debounce": {"window": "200ms", "maxDelay": "2s"}},
-            "templates": {"haproxyConfig": "{% for s in resources.services %}service {{ s.metadata.name }}\n{% endfor %}"}
+            "templates": {"haproxyConfig": "{% for s in resources.services %}service {{ s.metadata.name | bare_word }}\n{% endfor %}"}
         })).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
     let service = |name: &str| {

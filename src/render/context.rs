@@ -12,9 +12,20 @@ use crate::store::{ObjectRef, ResourceStore, StoredObject, Stores};
 thread_local! {
     /// The stored object a template touched last, named in render errors. Renders are
     /// synchronous on one thread, so a thread-local follows exactly one render.
-    static LAST_OBJECT: RefCell<Option<Arc<ObjectRef>>> = const { RefCell::new(None) };
-    /// The object whose value was refused, so the controller can leave it out and retry.
-    static OFFENDER: RefCell<Option<ObjectRef>> = const { RefCell::new(None) };
+    static LAST_OBJECT: RefCell<Option<Arc<TrackedObject>>> = const { RefCell::new(None) };
+    /// The object whose value was refused, and the field that held it, so the controller can
+    /// leave the object out and retry, and say where the value was without quoting it.
+    static OFFENDER: RefCell<Option<Offender>> = const { RefCell::new(None) };
+}
+
+/// An object blamed for a refused value.
+#[derive(Clone, Debug)]
+pub(crate) struct Offender {
+    /// The object.
+    pub(crate) object: ObjectRef,
+    /// The field holding the value (`spec.rules[0].host`), when the value is one of the
+    /// object's own rather than computed from them.
+    pub(crate) field: Option<String>,
 }
 
 /// Forgets what the previous render touched.
@@ -25,18 +36,90 @@ pub(crate) fn reset_tracking() {
 
 /// The object a template touched last.
 pub(crate) fn last_object() -> Option<ObjectRef> {
-    LAST_OBJECT.with(|last| last.borrow().as_deref().cloned())
+    LAST_OBJECT.with(|last| last.borrow().as_ref().map(|tracked| tracked.reference.as_ref().clone()))
 }
 
-/// Marks the object touched last as the source of a refused value.
-pub(crate) fn blame_last_object() {
-    let last = last_object();
-    OFFENDER.with(|offender| *offender.borrow_mut() = last);
+/// Blames the object touched last for a refused value, naming the field that holds it.
+pub(crate) fn blame_value(value: &str) {
+    let Some(last) = LAST_OBJECT.with(|last| last.borrow().clone()) else { return };
+    let field = field_holding(&last.inner, value);
+    let offender = Offender { object: last.reference.as_ref().clone(), field };
+    OFFENDER.with(|blamed| *blamed.borrow_mut() = Some(offender));
+}
+
+/// Blames the object touched last for a refused value in a field known by name (a value
+/// that is not a string, such as a Secret's data).
+pub(crate) fn blame_field(field: &str) {
+    let Some(object) = last_object() else { return };
+    let offender = Offender { object, field: Some(field.to_owned()) };
+    OFFENDER.with(|blamed| *blamed.borrow_mut() = Some(offender));
 }
 
 /// The object blamed for a refused value during this render.
-pub(crate) fn offender() -> Option<ObjectRef> {
+pub(crate) fn offender() -> Option<Offender> {
     OFFENDER.with(|offender| offender.borrow().clone())
+}
+
+/// The path of the field of `object` that holds `needle` (or, failing that, that holds it as
+/// part of its text, or is part of it), e.g. `spec.rules[0].host`, `metadata.annotations
+/// ["haptic.dev/timeout-server"]`. Searched only when a value is refused.
+fn field_holding(object: &Value, needle: &str) -> Option<String> {
+    let exact = |leaf: &str| leaf == needle;
+    let partial = |leaf: &str| leaf.len() >= 3 && (leaf.contains(needle) || needle.contains(leaf));
+    let mut path = String::new();
+    if walk(object, &exact, &mut path, 0) || (!needle.is_empty() && walk(object, &partial, &mut path, 0)) {
+        Some(path)
+    } else {
+        None
+    }
+}
+
+fn walk(value: &Value, matches: &dyn Fn(&str) -> bool, path: &mut String, depth: usize) -> bool {
+    use minijinja::value::ValueKind;
+    if depth > 32 {
+        return false;
+    }
+    let before = path.len();
+    match value.kind() {
+        ValueKind::String => value.as_str().is_some_and(matches),
+        ValueKind::Seq => {
+            let Ok(items) = value.try_iter() else { return false };
+            for (index, item) in items.enumerate() {
+                path.push_str(&format!("[{index}]"));
+                if walk(&item, matches, path, depth + 1) {
+                    return true;
+                }
+                path.truncate(before);
+            }
+            false
+        }
+        ValueKind::Map => {
+            let Ok(keys) = value.try_iter() else { return false };
+            for key in keys {
+                let Ok(item) = value.get_item(&key) else { continue };
+                let name = key.as_str().unwrap_or("?");
+                // Keys are the cluster's too (the API server restricts them): written as they
+                // stand only when plainly inert.
+                let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                let inert = name.chars().all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+                match (plain, inert) {
+                    (true, _) if before == 0 => path.push_str(name),
+                    (true, _) => {
+                        path.push('.');
+                        path.push_str(name);
+                    }
+                    (false, true) => path.push_str(&format!("[{name:?}]")),
+                    (false, false) => path.push_str("[?]"),
+                }
+                if walk(&item, matches, path, depth + 1) {
+                    return true;
+                }
+                path.truncate(before);
+            }
+            false
+        }
+        _ => false,
+    }
 }
 
 /// `resources`: one [`StoreView`] per alias, made once per render (templates look them up
@@ -174,8 +257,8 @@ impl Object for TrackedObject {
         LAST_OBJECT.with(|last| {
             // Attribute access is the hottest path of a render: compare pointers, not names.
             let mut last = last.borrow_mut();
-            if !last.as_ref().is_some_and(|known| Arc::ptr_eq(known, &self.reference)) {
-                *last = Some(self.reference.clone());
+            if !last.as_ref().is_some_and(|known| Arc::ptr_eq(&known.reference, &self.reference)) {
+                *last = Some(self.clone());
             }
         });
         self.inner.get_item(key).ok().filter(|value| !value.is_undefined())

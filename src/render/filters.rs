@@ -1,13 +1,32 @@
 //! Filters that keep values from resources inside HAProxy's syntax: a value that cannot be
-//! written safely is refused (and its object blamed), never emitted.
+//! written safely is refused (and its object and field blamed), never emitted. What a filter
+//! gives back is the only kind of string the formatter prints (see `Renderer::compile`).
+//!
+//! Refusals never quote the value: it is the cluster's, hostile perhaps, and the message goes to
+//! logs, conditions and Events. They say what is wrong with it; the render error names the
+//! object and field it came from.
 
 use minijinja::{Error, ErrorKind};
 
-use super::context::blame_last_object;
+use super::context::blame_value;
 
-fn refuse(message: String) -> Error {
-    blame_last_object();
+fn refuse(value: &str, message: String) -> Error {
+    blame_value(value);
     Error::new(ErrorKind::InvalidOperation, message)
+}
+
+/// What is wrong with a refused value, in words that never quote it.
+fn flaw(value: &str) -> String {
+    match forbidden_char(value) {
+        Some(c) => format!("it holds {}", describe(c)),
+        None if value.is_empty() => "it is empty".into(),
+        None if value.len() > 253 => format!("it is {} bytes long", value.len()),
+        None => match value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '/' | '_'))) {
+            Some(c) if c.is_ascii_graphic() || c == ' ' => format!("it holds {c:?}"),
+            Some(c) => format!("it holds the character U+{:04X}", c as u32),
+            None => "it does not have the expected form".into(),
+        },
+    }
 }
 
 /// The first character that can never appear in a line of `haproxy.cfg` or a map file.
@@ -22,6 +41,8 @@ pub(crate) fn describe(c: char) -> String {
         '\r' => "a carriage return".into(),
         '\t' => "a tab".into(),
         '\0' => "a NUL byte".into(),
+        ' ' => "a space".into(),
+        other if other.is_whitespace() && !other.is_control() => format!("the space character U+{:04X}", other as u32),
         other => format!("the control character U+{:04X}", other as u32),
     }
 }
@@ -32,7 +53,10 @@ pub(crate) fn describe(c: char) -> String {
 /// quote inside is written as `'\''`, which HAProxy joins into the same word.
 pub(crate) fn haproxy_quote(value: &str) -> Result<String, Error> {
     if let Some(c) = forbidden_char(value) {
-        return Err(refuse(format!("haproxy_quote: {value:?} holds {}, which no HAProxy word can", describe(c))));
+        return Err(refuse(
+            value,
+            format!("haproxy_quote: the value holds {}, which no HAProxy word can", describe(c)),
+        ));
     }
     Ok(format!("'{}'", value.replace('\'', r"'\''")))
 }
@@ -45,13 +69,15 @@ pub(crate) fn socket_path(value: &str) -> Result<String, Error> {
     let safe = |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-');
     if value.starts_with('/') && value.len() > 1 && value.chars().all(safe) {
         Ok(value.to_owned())
-    } else if let Some(c) = forbidden_char(value) {
-        Err(refuse(format!("socket_path: {value:?} holds {}, so it is not a socket path", describe(c))))
     } else {
-        Err(refuse(format!(
-            "socket_path: {value:?} is not an absolute path of letters, digits and /._- (the Dataplane API \
-             could not dial it)"
-        )))
+        Err(refuse(
+            value,
+            format!(
+                "socket_path: the value is not an absolute path of letters, digits and /._- (the Dataplane API \
+                 could not dial it): {}",
+                flaw(value)
+            ),
+        ))
     }
 }
 
@@ -68,35 +94,114 @@ pub(crate) fn hostname(value: &str) -> Result<String, Error> {
     };
     if value.len() <= 253 && name.split('.').all(label_ok) {
         Ok(value.to_owned())
-    } else if let Some(c) = forbidden_char(value) {
-        Err(refuse(format!("hostname: {value:?} holds {}, so it is not a valid host name", describe(c))))
     } else {
-        Err(refuse(format!("hostname: {value:?} is not a valid host name")))
+        Err(refuse(value, format!("hostname: the value is not a valid host name: {}", flaw(value))))
     }
 }
 
+/// Longest map key taken: HAProxy reads map files a buffer at a time, and no host and path of
+/// a route comes near this.
+pub(crate) const MAP_KEY_LIMIT: usize = 2048;
+
 /// `value | map_key`: the value if it can be a key in a map file (no whitespace, no control
-/// characters, not empty), else an error naming it.
+/// characters, not empty, at most [`MAP_KEY_LIMIT`] bytes), else an error.
 pub(crate) fn map_key(value: &str) -> Result<String, Error> {
-    if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Err(refuse(format!("map_key: {value:?} cannot be a map key (empty, or holds whitespace)")))
+    if let Some(c) = value.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        Err(refuse(value, format!("map_key: the value cannot be a map key: it holds {}", describe(c))))
+    } else if value.is_empty() || value.len() > MAP_KEY_LIMIT {
+        Err(refuse(value, format!("map_key: the value cannot be a map key: it is {} bytes long", value.len())))
     } else {
         Ok(value.to_owned())
+    }
+}
+
+/// `value | url_path`: an HTTP request path as RFC 3986 writes one: `/` then unreserved
+/// characters, sub-delimiters, `:`, `@`, `/` and `%` followed by two hex digits, at most
+/// [`MAP_KEY_LIMIT`] bytes. No client request can match a path outside that (a `#` starts a
+/// fragment, a space ends the request line), so an Ingress path with one is refused rather
+/// than written into a map.
+pub(crate) fn url_path(value: &str) -> Result<String, Error> {
+    let bytes = value.as_bytes();
+    let mut index = 0;
+    let mut flaw_found: Option<String> = None;
+    if !value.starts_with('/') {
+        flaw_found = Some("it does not start with /".into());
+    }
+    while flaw_found.is_none() && index < bytes.len() {
+        let byte = bytes[index];
+        match byte {
+            b'%' if bytes.get(index + 1..index + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) => {
+                index += 3;
+                continue;
+            }
+            b'%' => flaw_found = Some("it holds a % not followed by two hex digits".into()),
+            b if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b) => {}
+            _ => {
+                let c = value[index..].chars().next().unwrap_or('?');
+                flaw_found = Some(match forbidden_char(&c.to_string()) {
+                    Some(control) => format!("it holds {}", describe(control)),
+                    None if c == ' ' => "it holds a space".into(),
+                    None if c.is_ascii() => format!("it holds {c:?}, which no URL path has"),
+                    None => format!("it holds the character U+{:04X}, which a URL path has only %-encoded", c as u32),
+                });
+            }
+        }
+        index += 1;
+    }
+    if flaw_found.is_none() && value.len() > MAP_KEY_LIMIT {
+        flaw_found = Some(format!("it is {} bytes long", value.len()));
+    }
+    match flaw_found {
+        None => Ok(value.to_owned()),
+        Some(why) => Err(refuse(value, format!("url_path: the value is not a URL path: {why}"))),
+    }
+}
+
+/// `value | bare_word`: the value written as it stands, when it is one HAProxy word that no
+/// quoting, comment, sample fetch, variable or ACL block could hide in: letters, digits and
+/// `._:/@+=~[]-`, at most 253 bytes (names, ids, addresses). Anything else is refused.
+pub(crate) fn bare_word(value: &str) -> Result<String, Error> {
+    let inert = |c: char| c.is_ascii_alphanumeric() || "._:/@+=~[]-".contains(c);
+    if !value.is_empty() && value.len() <= 253 && value.chars().all(inert) {
+        Ok(value.to_owned())
+    } else {
+        Err(refuse(
+            value,
+            format!("bare_word: the value is not a word of letters, digits and ._:/@+=~[]-: {}", flaw(value)),
+        ))
     }
 }
 
 /// `value | haproxy_duration`: a HAProxy time (digits, optionally `us`, `ms`, `s`, `m`, `h` or `d`).
 pub(crate) fn haproxy_duration(value: &str) -> Result<String, Error> {
+    let original = value;
     let value = value.trim();
     let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &value[digits.len()..];
-    if !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && ["", "us", "ms", "s", "m", "h", "d"].contains(&unit)
-    {
+    // HAProxy refuses a time beyond 2^31-1 milliseconds ("timer overflow"): that would fail the
+    // whole configuration, so it is this value's object that is refused instead.
+    let microseconds_per_unit: u128 = match unit {
+        "us" => 1,
+        "" | "ms" => 1_000,
+        "s" => 1_000_000,
+        "m" => 60_000_000,
+        "h" => 3_600_000_000,
+        "d" => 86_400_000_000,
+        _ => 0,
+    };
+    let fits = digits.len() <= 20
+        && digits.parse::<u128>().is_ok_and(|n| n * microseconds_per_unit <= i32::MAX as u128 * 1_000);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && microseconds_per_unit > 0 && fits {
         Ok(value.to_owned())
+    } else if digits.len() > 20
+        || (microseconds_per_unit > 0 && digits.bytes().all(|b| b.is_ascii_digit()) && !digits.is_empty())
+    {
+        Err(refuse(original, "haproxy_duration: the value is longer than HAProxy's longest time (24 days)".into()))
     } else {
-        Err(refuse(format!("haproxy_duration: {value:?} is not a HAProxy time such as 30s or 500ms")))
+        Err(refuse(
+            original,
+            format!("haproxy_duration: the value is not a HAProxy time such as 30s or 500ms: {}", flaw(original)),
+        ))
     }
 }
 
@@ -105,23 +210,29 @@ pub(crate) fn one_of(value: &str, allowed: &[String]) -> Result<String, Error> {
     if allowed.iter().any(|word| word == value) {
         Ok(value.to_owned())
     } else {
-        Err(refuse(format!("one_of: {value:?} is not one of {}", allowed.join(", "))))
+        Err(refuse(value, format!("one_of: the value is not one of {}", allowed.join(", "))))
     }
 }
 
 /// `value | cidr`: an IPv4 or IPv6 address or network (`10.0.0.0/8`), as HAProxy's `src` takes it.
 pub(crate) fn cidr(value: &str) -> Result<String, Error> {
+    let original = value;
     let value = value.trim();
     let (address, bits) = value.split_once('/').map_or((value, None), |(a, b)| (a, Some(b)));
     let max_bits = match address.parse::<std::net::IpAddr>() {
         Ok(std::net::IpAddr::V4(_)) => 32,
         Ok(std::net::IpAddr::V6(_)) => 128,
-        Err(_) => return Err(refuse(format!("cidr: {value:?} is not an IP address or network"))),
+        Err(_) => {
+            return Err(refuse(
+                original,
+                format!("cidr: the value is not an IP address or network: {}", flaw(original)),
+            ));
+        }
     };
     match bits.map(str::parse::<u8>) {
         None => Ok(value.to_owned()),
         Some(Ok(bits)) if bits <= max_bits => Ok(value.to_owned()),
-        Some(_) => Err(refuse(format!("cidr: {value:?} has a prefix length outside 0..={max_bits}"))),
+        Some(_) => Err(refuse(original, format!("cidr: the value has a prefix length outside 0..={max_bits}"))),
     }
 }
 
@@ -148,17 +259,16 @@ mod tests {
 
     #[test]
     fn durations_words_and_networks_are_checked() {
-        for good in ["30s", "500ms", "5", "2m", "1h"] {
+        for good in ["30s", "500ms", "5", "2m", "1h", "24d", "2147483647"] {
             assert_eq!(haproxy_duration(good).unwrap(), good);
         }
-        for bad in ["", "s", "30 s", "30x", "1e3", "30s\n    option x", "-1s"] {
+        for bad in ["", "s", "30 s", "30x", "1e3", "30s\n    option x", "-1s", "25d", "2147484s", &"5".repeat(10240)] {
             assert!(haproxy_duration(bad).is_err(), "{bad:?} should be refused");
         }
         let allowed = ["roundrobin".to_owned(), "leastconn".to_owned()];
         assert_eq!(one_of("leastconn", &allowed).unwrap(), "leastconn");
-        assert!(
-            one_of("leastconn\nuse_backend x", &allowed).unwrap_err().to_string().contains("roundrobin, leastconn")
-        );
+        let refused = one_of("leastconn\nuse_backend x", &allowed).unwrap_err().to_string();
+        assert!(refused.contains("roundrobin, leastconn") && !refused.contains("use_backend"), "{refused}");
         for good in ["10.0.0.0/8", "192.168.1.1", "::1", "2001:db8::/32"] {
             assert_eq!(cidr(good).unwrap(), good);
         }
@@ -178,9 +288,51 @@ mod tests {
     }
 
     #[test]
-    fn map_keys_refuse_whitespace() {
+    fn map_keys_refuse_whitespace_and_size() {
         assert_eq!(map_key("/api").unwrap(), "/api");
         assert!(map_key("/a b").is_err());
         assert!(map_key("").is_err());
+        assert!(map_key(&"/a".repeat(MAP_KEY_LIMIT)).is_err());
+    }
+
+    #[test]
+    fn url_paths_are_rfc_3986_paths() {
+        for good in ["/", "/a/b.c", "/caf%C3%A9", "/it's", "/a;b=c", "/~user/@x:1"] {
+            assert_eq!(url_path(good).unwrap(), good);
+        }
+        for bad in ["", "a", "/a b", "/a#b", "/a\"b", "/a\\b", "/%[src]", "/%4", "/a\nb", "/é", "/{x}", "/a|b"] {
+            assert!(url_path(bad).is_err(), "{bad:?} was taken");
+        }
+        assert!(url_path(&format!("/{}", "a".repeat(MAP_KEY_LIMIT))).is_err());
+    }
+
+    #[test]
+    fn bare_words_take_names_and_addresses_only() {
+        for good in ["web_shop_1_2", "10.0.0.1", "[fd00::1]", "srv-3", "a.b/c"] {
+            assert_eq!(bare_word(good).unwrap(), good);
+        }
+        for bad in ["", "a b", "a#b", "%[src]", "${X}", "'x'", "a\nb", "{", "a,b", &"a".repeat(254)] {
+            assert!(bare_word(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn refusals_never_quote_the_value() {
+        let hostile = "evil\nbackend x #%[src]";
+        let errors = [
+            haproxy_quote(hostile),
+            hostname(hostile),
+            map_key(hostile),
+            bare_word(hostile),
+            url_path(hostile),
+            socket_path(hostile),
+            haproxy_duration(hostile),
+            cidr(hostile),
+            one_of(hostile, &["a".to_owned()]),
+        ];
+        for error in errors {
+            let message = error.unwrap_err().to_string();
+            assert!(!message.contains("evil") && !message.contains("backend x"), "{message}");
+        }
     }
 }

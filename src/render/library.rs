@@ -163,7 +163,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
         let paths = attr(&rule, "http").and_then(|http| attr(&http, "paths"));
         for (path_index, path) in paths.iter().flat_map(|p| p.try_iter().ok()).flatten().enumerate() {
             let prefix = attr(&path, "path").map(|p| p.to_string()).unwrap_or_else(|| "/".to_owned());
-            let prefix = super::filters::map_key(&prefix)?;
+            let prefix = super::filters::url_path(&prefix)?;
             let prefix_key = format!("{}/", prefix.trim_end_matches('/'));
             let service = attr(&path, "backend").and_then(|b| attr(&b, "service")).unwrap_or_default();
             routes.push(Value::from_object(Route {
@@ -201,7 +201,7 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
     let field = |name: &str| metadata.as_ref().and_then(|m| attr(m, name)).map(|v| v.to_string()).unwrap_or_default();
     let (namespace, name) = (field("namespace"), field("name"));
     let refuse = |why: &str| {
-        super::context::blame_last_object();
+        super::context::blame_field("data");
         Error::new(ErrorKind::InvalidOperation, format!("tls_certificate: Secret {namespace}/{name} {why}"))
     };
     if secret.is_undefined() || secret.is_none() {

@@ -63,8 +63,12 @@ pub enum RenderError {
         /// The aliases that exist.
         known: String,
     },
-    /// Rendering failed; a value refused for HAProxy's syntax blames its object.
-    #[error("rendering {template}{}{}: {detail}", line_suffix(*line), object_suffix(object.as_deref()))]
+    /// Rendering failed; a value refused for HAProxy's syntax blames its object and field.
+    #[error(
+        "rendering {template}{}{}: {detail}",
+        line_suffix(*line),
+        object_suffix(object.as_deref(), field.as_deref())
+    )]
     Render {
         /// The template where it failed.
         template: String,
@@ -72,6 +76,8 @@ pub enum RenderError {
         line: Option<usize>,
         /// The object being rendered (the one touched last), if any.
         object: Option<Box<ObjectRef>>,
+        /// The field of that object holding the refused value, when it is one of its own.
+        field: Option<String>,
         /// Whether the object's own value was refused (so leaving the object out can help).
         refused_value: bool,
         /// What went wrong.
@@ -83,8 +89,12 @@ fn line_suffix(line: Option<usize>) -> String {
     line.map(|l| format!(" line {l}")).unwrap_or_default()
 }
 
-fn object_suffix(object: Option<&ObjectRef>) -> String {
-    object.map(|o| format!(" (while rendering {o})")).unwrap_or_default()
+fn object_suffix(object: Option<&ObjectRef>, field: Option<&str>) -> String {
+    match (object, field) {
+        (Some(o), Some(field)) => format!(" (field {field} of {o})"),
+        (Some(o), None) => format!(" (while rendering {o})"),
+        (None, _) => String::new(),
+    }
 }
 
 impl RenderError {
@@ -109,11 +119,53 @@ pub struct Renderer {
     slots: std::sync::Mutex<crate::plan::slots::Slots>,
 }
 
-/// Whether values emitted by this template must stay on one line: everything but general
-/// files (error pages are free text). Snippets are checked too, since they end up in
-/// `haproxy.cfg` or maps; a snippet included by a general file is held to the same rule.
-fn line_oriented(template: &str) -> bool {
-    !template.starts_with("files/")
+/// Prints one value into a file. Strings are printed only when an HAProxy-safe filter gave
+/// them (a "safe" string in minijinja's terms) or they come from the configuration's own
+/// `extraContext`: a value read from the cluster (or computed from one) that reaches a file
+/// without a filter is refused, in every template, and its object and field are blamed.
+/// Numbers and booleans print as themselves; whole maps, lists and objects are refused. No
+/// printed string may hold a control character (a newline would start a directive).
+fn format_value(out: &mut minijinja::Output, value: &Value) -> Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind;
+    let refused = |message: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message);
+    match value.kind() {
+        ValueKind::Undefined => Ok(()),
+        ValueKind::String => {
+            let text = value.as_str().unwrap_or_default();
+            if text.is_empty() {
+                return Ok(());
+            }
+            if !value.is_safe() {
+                context::blame_value(text);
+                return Err(refused(
+                    "refusing to print a value that no HAProxy-safe filter vetted: pass it through one of \
+                     haproxy_quote, bare_word, hostname, url_path, map_key, haproxy_duration, one_of, cidr, \
+                     socket_path (a value joined to a filtered one is refused too: filter the whole)"
+                        .into(),
+                ));
+            }
+            if let Some(c) = filters::forbidden_char(text) {
+                context::blame_value(text);
+                return Err(refused(format!("refusing to print a value holding {}", filters::describe(c))));
+            }
+            out.write_str(text).map_err(minijinja::Error::from)
+        }
+        ValueKind::Number | ValueKind::Bool | ValueKind::None => write!(out, "{value}").map_err(minijinja::Error::from),
+        other => Err(refused(format!("refusing to print a whole {other}: print its fields, through filters"))),
+    }
+}
+
+/// The configuration's own `extraContext`, its strings marked as vetted: it is written by the
+/// operator who installs haptic, not read from the cluster's objects.
+fn trusted_value(value: &serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::String(text) => Value::from_safe_string(text.clone()),
+        serde_json::Value::Array(items) => Value::from(items.iter().map(trusted_value).collect::<Vec<_>>()),
+        serde_json::Value::Object(entries) => Value::from(
+            entries.iter().map(|(key, value)| (key.clone(), trusted_value(value))).collect::<BTreeMap<_, _>>(),
+        ),
+        other => Value::from(Serde(other)),
+    }
 }
 
 impl Renderer {
@@ -121,36 +173,35 @@ impl Renderer {
     pub fn compile(spec: &HAProxyTemplateConfigSpec) -> Result<Self, RenderError> {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
-        env.set_auto_escape_callback(|_| AutoEscape::None);
+        // Every template "auto-escapes" with haptic's formatter: only filtered strings print,
+        // and joining a filtered string to an unfiltered one runs the unfiltered one through
+        // the formatter (minijinja's markup concatenation), which refuses it.
+        env.set_auto_escape_callback(|_| AutoEscape::Custom("haproxy".into()));
         // Block tags take their own line and indentation with them, so templates can be laid out
         // readably without leaving blank lines in the output.
         let syntax = SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(true).build();
         env.set_syntax(syntax.expect("the default delimiters are valid"));
-        env.set_formatter(|out, state, value| {
-            if line_oriented(state.name())
-                && let Some(text) = value.as_str()
-                && let Some(c) = filters::forbidden_char(text)
-            {
-                context::blame_last_object();
-                return Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    format!(
-                        "refusing to write {text:?}: it holds {}, which would break the file",
-                        filters::describe(c)
-                    ),
-                ));
-            }
-            minijinja::escape_formatter(out, state, value)
+        env.set_formatter(|out, _state, value| format_value(out, value));
+        let vetted = |result: Result<String, minijinja::Error>| result.map(Value::from_safe_string);
+        env.add_filter("haproxy_quote", move |value: &str| vetted(filters::haproxy_quote(value)));
+        env.add_filter("bare_word", move |value: &str| vetted(filters::bare_word(value)));
+        env.add_filter("hostname", move |value: &str| vetted(filters::hostname(value)));
+        env.add_filter("socket_path", move |value: &str| vetted(filters::socket_path(value)));
+        env.add_filter("map_key", move |value: &str| vetted(filters::map_key(value)));
+        env.add_filter("url_path", move |value: &str| vetted(filters::url_path(value)));
+        env.add_filter("haproxy_duration", move |value: &str| vetted(filters::haproxy_duration(value)));
+        env.add_filter("one_of", move |value: &str, allowed: minijinja::value::Rest<String>| {
+            vetted(filters::one_of(value, &allowed))
         });
-        env.add_filter("haproxy_quote", |value: &str| filters::haproxy_quote(value));
-        env.add_filter("hostname", |value: &str| filters::hostname(value));
-        env.add_filter("socket_path", |value: &str| filters::socket_path(value));
-        env.add_filter("map_key", |value: &str| filters::map_key(value));
-        env.add_filter("haproxy_duration", |value: &str| filters::haproxy_duration(value));
-        env.add_filter("one_of", |value: &str, allowed: minijinja::value::Rest<String>| {
-            filters::one_of(value, &allowed)
+        env.add_filter("cidr", move |value: &str| vetted(filters::cidr(value)));
+        // minijinja's `safe` would vouch for any value; here only the filters above can.
+        env.add_filter("safe", |_value: Value| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                "safe is not available: values print through an HAProxy-safe filter (haproxy_quote, bare_word, \
+                 hostname, url_path, map_key, haproxy_duration, one_of, cidr, socket_path)",
+            ))
         });
-        env.add_filter("cidr", |value: &str| filters::cidr(value));
         env.add_function("collector", || Value::from_object(context::Collector::default()));
         env.add_function("endpoints", |slices: Value, port_name: Option<Value>| {
             library::endpoints(&slices, port_name.as_ref())
@@ -190,16 +241,16 @@ impl Renderer {
             if let Some(shared) = shared.downcast_object_ref::<context::Shared>() {
                 shared.add_cert(name.clone(), pem);
             }
-            Ok(format!("{certs_dir}/{name}"))
+            Ok(Value::from_safe_string(format!("{certs_dir}/{name}")))
         });
         for (function, dir) in
             [("map_path", &dirs.maps_dir), ("file_path", &dirs.general_dir), ("cert_path", &dirs.certs_dir)]
         {
             let dir = dir.trim_end_matches('/').to_owned();
-            env.add_function(function, move |name: &str| -> Result<String, minijinja::Error> {
+            env.add_function(function, move |name: &str| -> Result<Value, minijinja::Error> {
                 check_file_name(name)
                     .map_err(|detail| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, detail))?;
-                Ok(format!("{dir}/{name}"))
+                vetted(filters::bare_word(&format!("{dir}/{name}")))
             });
         }
 
@@ -248,7 +299,7 @@ impl Renderer {
             env,
             map_names: templates.maps.keys().cloned().collect(),
             file_names: templates.files.keys().cloned().collect(),
-            extra_context: templates.extra_context.as_ref().map(|extra| Value::from(Serde(extra))).unwrap_or_default(),
+            extra_context: templates.extra_context.as_ref().map(trusted_value).unwrap_or_default(),
             slots: Default::default(),
         })
     }
@@ -352,11 +403,13 @@ impl Renderer {
         if template != fallback_name {
             detail = format!("{detail} (included from {fallback_name})");
         }
+        let field = offender.as_ref().and_then(|offender| offender.field.clone());
         RenderError::Render {
             template: template.to_owned(),
             line: innermost.line(),
             refused_value: offender.is_some(),
-            object: offender.or_else(context::last_object).map(Box::new),
+            object: offender.map(|offender| offender.object).or_else(context::last_object).map(Box::new),
+            field,
             detail,
         }
     }

@@ -89,7 +89,7 @@ pub async fn deployment_test_namespace(
 /// without one).
 pub fn own_template(env: &Manifest, tag: &str, extra: &str) -> String {
     format!(
-        "# test {tag}\n{}{extra}{{% for i in resources.ingresses.list() %}}backend ingress_{{{{ i.metadata.name }}}}\n{{% endfor %}}",
+        "# test {tag}\n{}{extra}{{% for i in resources.ingresses.list() %}}backend ingress_{{{{ i.metadata.name | bare_word }}}}\n{{% endfor %}}",
         super::config_routing_to(&env.backends[0])
     )
 }
