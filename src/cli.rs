@@ -86,8 +86,8 @@ pub struct RunArgs {
     /// Seconds a Lease holds without renewal.
     #[arg(long, default_value_t = 15)]
     pub lease_duration_seconds: u64,
-    /// Seconds before expiry the leader renews; a leader that cannot renew stops deploying
-    /// this long before another replica may take over.
+    /// Seconds before expiry the leader renews; a leader that cannot renew stops writing to
+    /// pods half this long before another replica may take over.
     #[arg(long, default_value_t = 5)]
     pub lease_grace_seconds: u64,
 }
@@ -200,12 +200,14 @@ pub fn render(args: RenderArgs) -> Result<()> {
 /// service account.
 pub async fn run(args: RunArgs) -> Result<()> {
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API server")?;
+    let identity = args.leader_election_identity.clone().unwrap_or_else(default_identity);
+    crate::dataplane::set_replica_name(&identity);
     let election = match &args.leader_election_lease {
         Some(lease_name) => {
             let settings = crate::election::ElectionSettings {
                 namespace: args.config_namespace.clone(),
                 lease_name: lease_name.clone(),
-                identity: args.leader_election_identity.clone().unwrap_or_else(default_identity),
+                identity: identity.clone(),
                 duration: std::time::Duration::from_secs(args.lease_duration_seconds),
                 grace: std::time::Duration::from_secs(args.lease_grace_seconds),
             };

@@ -196,3 +196,176 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
     ensure!(handover < Duration::from_secs(DURATION_SECS), "the Lease was not handed back: C waited {handover:?}");
     Ok(())
 }
+
+/// One write to a pod as its Dataplane API logged it (chart/files/dataplaneapi.yaml's access
+/// log): which replica (from the User-Agent), when it began and ended, what it was.
+#[derive(Debug, Clone)]
+struct LoggedWrite {
+    replica: String,
+    began: SystemTime,
+    ended: SystemTime,
+    #[allow(dead_code, reason = "shown in failure messages")]
+    request: String,
+}
+
+/// Every request but GETs that a replica (`haptic/... (<replica>)`) sent, from the log.
+fn logged_writes(log: &str) -> Vec<LoggedWrite> {
+    let mut writes = Vec::new();
+    for line in log.lines() {
+        let line = line.replace("\\\"", "\"");
+        let Some(access) = line.split_once("msg=\"access ").map(|(_, rest)| rest) else { continue };
+        // <client> "<agent>" <begin ms> <µs> "<request line>" <status>
+        let mut quoted = access.split('"');
+        let (Some(_), Some(agent), Some(times), Some(request)) =
+            (quoted.next(), quoted.next(), quoted.next(), quoted.next())
+        else {
+            continue;
+        };
+        let Some(replica) = agent.split_once('(').and_then(|(_, r)| r.strip_suffix(')')) else { continue };
+        if request.starts_with("GET ") {
+            continue;
+        }
+        let mut numbers = times.split_whitespace().filter_map(|n| n.parse::<u64>().ok());
+        let (Some(begin_ms), Some(took_us)) = (numbers.next(), numbers.next()) else { continue };
+        let began = SystemTime::UNIX_EPOCH + Duration::from_millis(begin_ms);
+        writes.push(LoggedWrite {
+            replica: replica.to_owned(),
+            began,
+            ended: began + Duration::from_micros(took_us),
+            request: request.to_owned(),
+        });
+    }
+    writes
+}
+
+#[tokio::test]
+async fn a_blackholed_leader_writes_nothing_once_its_lease_could_be_taken_over_five_times_running() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let pod = env.pods[0].clone();
+    let namespace = env.fresh_namespace_with(&client, "fenced", std::slice::from_ref(&pod)).await?;
+    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let tag = format!("fenced-{}", std::process::id());
+    create_test_config(
+        &client,
+        &namespace,
+        json!({
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                                               "namespaces": [namespace]}},
+            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": "1s"},
+            "templates": {"haproxyConfig": env::controller::own_template(env, &tag, "")}
+        }),
+    )
+    .await?;
+
+    // Two replicas, each reaching the API server through a proxy of its own.
+    let upstream = apiserver_address(&env.kubeconfig)?;
+    let mut replicas = Vec::new();
+    for name in ["replica-a", "replica-b"] {
+        let proxy = CuttableProxy::start(upstream).await?;
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        proxy.kubeconfig(&env.kubeconfig, &kubeconfig)?;
+        let journal = dir.path().join("journal");
+        let process =
+            ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch(name, Some(kubeconfig)))?;
+        let api = process.api_url().await?;
+        if name == "replica-a" {
+            wait_until_leading(&api, true, Duration::from_secs(30)).await.with_context(|| process.log_tail())?;
+            process.wait_all_in_sync(1, Duration::from_secs(30)).await?;
+        }
+        replicas.push((name, proxy, process, api));
+    }
+
+    // Someone keeps changing the pod by hand (without a reload), so whoever leads wants to write
+    // it back at every drift check.
+    let dataplane = env.dataplane(&pod);
+    let meddler = tokio::spawn(async move {
+        loop {
+            if let Ok(version) = dataplane.configuration_version().await {
+                let _ = dataplane.push_raw_runtime("# changed by hand\nglobal\n    maxconn 7\n", version, "").await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    // The Lease as the API server has it, every 100 ms: who renewed it last, when.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let renewals = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, SystemTime)>::new()));
+    let watcher = tokio::spawn({
+        let renewals = renewals.clone();
+        async move {
+            loop {
+                if let Ok(lease) = leases.get(LEASE).await
+                    && let Some(spec) = lease.spec
+                    && let (Some(holder), Some(renewed)) = (spec.holder_identity, spec.renew_time)
+                    && let Ok(mut seen) = renewals.lock()
+                {
+                    let renewed = SystemTime::from(renewed.0);
+                    if seen.last() != Some(&(holder.clone(), renewed)) {
+                        seen.push((holder, renewed));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+
+    let mut leader = 0;
+    let mut figures = Vec::new();
+    for round in 1..=5 {
+        let follower = 1 - leader;
+        let (leader_name, leader_proxy, leader_process, leader_api) = &replicas[leader];
+        let (follower_name, _, follower_process, follower_api) = &replicas[follower];
+        tokio::time::sleep(Duration::from_secs(2)).await; // the leader at work, writing back
+        let partitioned_at = SystemTime::now();
+        leader_proxy.blackhole();
+        wait_until_leading(follower_api, true, Duration::from_secs(DURATION_SECS * 3)).await.with_context(|| {
+            format!("round {round}: {follower_name} never took over\n{}", follower_process.log_tail())
+        })?;
+        tokio::time::sleep(Duration::from_secs(3)).await; // the new leader at work
+        let log = std::fs::read_to_string(pod.dir.join("dataplaneapi.log"))?;
+        let writes: Vec<LoggedWrite> =
+            logged_writes(&log).into_iter().filter(|w| w.began >= partitioned_at - Duration::from_secs(3)).collect();
+        // The old leader's lease could be taken over from its last renewal plus the duration.
+        let last_renewal = renewals
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .iter()
+            .filter(|(holder, _)| holder == leader_name)
+            .map(|(_, renewed)| *renewed)
+            .max()
+            .context("the leader never renewed")?;
+        let takeover_possible = last_renewal + Duration::from_secs(DURATION_SECS);
+        let old: Vec<&LoggedWrite> = writes.iter().filter(|w| w.replica == *leader_name).collect();
+        let new: Vec<&LoggedWrite> = writes.iter().filter(|w| w.replica == *follower_name).collect();
+        let late: Vec<&&LoggedWrite> = old.iter().filter(|w| w.ended >= takeover_possible).collect();
+        ensure!(
+            late.is_empty(),
+            "round {round}: {leader_name} wrote after its lease could be taken over ({takeover_possible:?}): {late:#?}\n{}",
+            leader_process.log_tail()
+        );
+        let first_new = new.iter().map(|w| w.began).min().with_context(|| {
+            format!("round {round}: the new leader {follower_name} never wrote\n{}", follower_process.log_tail())
+        })?;
+        ensure!(first_new >= takeover_possible, "round {round}: {follower_name} wrote before the lease was free");
+        let last_old = old.iter().map(|w| w.ended).max();
+        figures.push(format!(
+            "round {round}: {leader_name} last wrote {} before the takeover point, {follower_name} first wrote {:?} after it",
+            last_old.and_then(|t| takeover_possible.duration_since(t).ok()).map_or("nothing".into(), |d| format!("{d:?}")),
+            first_new.duration_since(takeover_possible).unwrap_or_default(),
+        ));
+        // Heal: the old leader comes back as a follower (the other holds the Lease).
+        leader_proxy.heal();
+        wait_until_leading(leader_api, false, Duration::from_secs(5)).await?;
+        leader = follower;
+    }
+    meddler.abort();
+    watcher.abort();
+    for line in &figures {
+        eprintln!("{line}");
+    }
+    Ok(())
+}

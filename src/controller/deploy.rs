@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use crate::config::HAProxyTemplateConfigSpec;
 use crate::dataplane::{Access, Credentials, TlsSettings};
+use crate::election::Fence;
 use crate::files::FileSet;
 use crate::fleet::supervisor::FleetPods;
 use crate::fleet::{DataplaneActions, Desired, DriverSettings, PodTarget, supervisor};
@@ -22,6 +23,7 @@ use crate::watch::HaproxyPod;
 pub(crate) struct Deployer {
     journal: Arc<Journal>,
     term: LeaderTerm,
+    fence: Arc<Fence>,
     fleet: Option<Fleet>,
 }
 
@@ -33,9 +35,9 @@ struct Fleet {
 }
 
 impl Deployer {
-    /// A fleet journaling in `journal`, deploying in leader term `term`.
-    pub(crate) fn new(journal: Arc<Journal>, term: LeaderTerm) -> Self {
-        Self { journal, term, fleet: None }
+    /// A fleet journaling in `journal`, deploying in leader term `term` while `fence` allows.
+    pub(crate) fn new(journal: Arc<Journal>, term: LeaderTerm, fence: Arc<Fence>) -> Self {
+        Self { journal, term, fence, fleet: None }
     }
 
     /// Hands a successful render and the current pods to the fleet, starting it on first use:
@@ -69,7 +71,8 @@ impl Deployer {
                 fleet.pods.send_replace(targets);
             }
             None => {
-                let actions = Arc::new(DataplaneActions::new(access.clone(), self.journal.clone()));
+                let guard = Arc::new(crate::fleet::LeaseGuard::new(self.fence.clone(), self.term));
+                let actions = Arc::new(DataplaneActions::new(access.clone(), self.journal.clone(), guard));
                 let settings =
                     DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get(), term: self.term };
                 let (pods_tx, pods_rx) = watch::channel(targets);
@@ -171,6 +174,10 @@ async fn read_secret(
     let namespace = reference.namespace.as_deref().unwrap_or(namespace);
     let name = format!("{namespace}/{}", reference.name);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = secrets.get(&reference.name).await.map_err(|e| format!("reading Secret {name}: {e}"))?;
+    // An API server that stopped answering must not hold up activation for minutes.
+    let secret = tokio::time::timeout(Duration::from_secs(10), secrets.get(&reference.name))
+        .await
+        .map_err(|_| format!("reading Secret {name}: no answer within 10s"))?
+        .map_err(|e| format!("reading Secret {name}: {e}"))?;
     Ok(SecretData { name, data: secret.data.unwrap_or_default() })
 }

@@ -140,6 +140,9 @@ pub async fn run(
     status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut active: Option<Active> = None;
     let mut coalescer: Option<Coalescer> = None;
+    // A configuration version being activated (its watches listing everything, up to a minute)
+    // runs beside the loop, so leadership changes and renders are not held up by it.
+    let mut activation: Option<Activation> = None;
     let journal = match &options.journal_dir {
         Some(dir) => {
             // Opening waits for the previous owner's lock (sleeping between tries) and reads the
@@ -157,21 +160,30 @@ pub async fn run(
         None => None,
     };
     // Only the leader deploys. Without election a replica with a journal leads alone, term 0.
+    // Every write to a pod asks the fence, which the election grants only until the lease
+    // could lapse.
     let (leadership_tx, mut leadership) = watch::channel(Leadership::Follower);
     let mut leadership_open = true;
-    let (election, _solo_leadership) = match (&options.election, &journal) {
+    let (election, _solo_leadership, fence) = match (&options.election, &journal) {
         (Some(settings), Some(_)) => {
             info!(lease = %settings.lease_name, identity = %settings.identity, "leader election on");
             let (stop, stopped) = tokio::sync::oneshot::channel();
-            let task = tokio::spawn(crate::election::run(client.clone(), settings.clone(), leadership_tx, stopped));
-            (Some((AbortOnDrop(task), stop)), None)
+            let fence = Arc::new(crate::election::Fence::default());
+            let task = tokio::spawn(crate::election::run(
+                client.clone(),
+                settings.clone(),
+                leadership_tx,
+                fence.clone(),
+                stopped,
+            ));
+            (Some((AbortOnDrop(task), stop)), None, fence)
         }
         (None, Some(_)) => {
             crate::telemetry::metrics::metrics().leader.set(1);
             leadership_tx.send_replace(Leadership::Leader(LeaderTerm::default()));
-            (None, Some(leadership_tx))
+            (None, Some(leadership_tx), Arc::new(crate::election::Fence::unbounded(LeaderTerm::default())))
         }
-        (_, None) => (None, Some(leadership_tx)),
+        (_, None) => (None, Some(leadership_tx), Arc::new(crate::election::Fence::default())),
     };
     let mut deployer: Option<deploy::Deployer> = None;
     let config_key = format!("{}/{}", options.namespace, options.name);
@@ -214,10 +226,24 @@ pub async fn run(
                 };
                 let generation = config.metadata.generation.unwrap_or_default();
                 status.saw(&config);
-                if active.as_ref().is_some_and(|a| a.generation == generation && a.spec == config.spec) {
+                if active.as_ref().is_some_and(|a| a.generation == generation && a.spec == config.spec)
+                    || activation.as_ref().is_some_and(|a| a.generation == generation && a.spec == config.spec)
+                {
                     continue;
                 }
-                match activate(&client, &config.spec, &options.namespace, generation, watch_tx.clone()).await {
+                // A newer version replaces one still being activated (dropping it stops it).
+                let (client, spec, namespace, changes) =
+                    (client.clone(), config.spec.clone(), options.namespace.clone(), watch_tx.clone());
+                let task = tokio::spawn(async move { activate(&client, &spec, &namespace, generation, changes).await });
+                activation = Some(Activation { generation, spec: config.spec.clone(), task: AbortOnDrop(task) });
+            }
+            activated = async { (&mut activation.as_mut().expect("guarded by the condition").task.0).await },
+                if activation.is_some() => {
+                let Some(Activation { generation, .. }) = activation.take() else { continue };
+                let outcome = activated.unwrap_or_else(|failure| {
+                    Err(ValidCondition::refused(generation, "ActivationFailed", format!("activation stopped: {failure}")))
+                });
+                match outcome {
                     Ok(next) => {
                         info!(generation, "configuration activated");
                         // Server names carry over: from the version in force, else from the journal.
@@ -275,7 +301,7 @@ pub async fn run(
                     info!("fleet stopped: all pushes halted");
                 }
                 if let (Leadership::Leader(term), Some(journal)) = (now, &journal) {
-                    let mut fresh = deploy::Deployer::new(journal.clone(), term);
+                    let mut fresh = deploy::Deployer::new(journal.clone(), term, fence.clone());
                     if let (Some(active), Some((files, trace))) = (&active, &last_render) {
                         deploy_render(&mut fresh, active, files.clone(), trace.clone());
                     }
@@ -316,7 +342,7 @@ pub async fn run(
                 if deployer.is_none()
                     && let (Leadership::Leader(term), Some(journal)) = (*leadership.borrow(), &journal)
                 {
-                    deployer = Some(deploy::Deployer::new(journal.clone(), term));
+                    deployer = Some(deploy::Deployer::new(journal.clone(), term, fence.clone()));
                 }
                 if let Some(deployer) = deployer.as_mut() {
                     deploy_render(deployer, active, files.clone(), trace.clone());
@@ -425,6 +451,13 @@ impl Drop for Coalescer {
 fn debounce_settings(spec: &HAProxyTemplateConfigSpec) -> DebounceSettings {
     let debounce = &spec.dataplane.debounce;
     DebounceSettings { window: debounce.window.get(), max_delay: debounce.max_delay.get() }
+}
+
+/// A configuration version being activated beside the loop.
+struct Activation {
+    generation: i64,
+    spec: HAProxyTemplateConfigSpec,
+    task: AbortOnDrop<Result<Active, ValidCondition>>,
 }
 
 /// Checks a configuration version and starts its watches; on failure, the condition to report.

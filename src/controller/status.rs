@@ -311,7 +311,7 @@ impl StatusWriter {
                     action: "Render".into(),
                     secondary: self.reference.clone(),
                 };
-                if let Err(error) = self.recorder.publish(&event, &refusal.object).await {
+                if let Err(error) = bounded(self.recorder.publish(&event, &refusal.object)).await {
                     warn!(%error, object = ?refusal.object.name, "could not publish an Event on a refused object");
                     continue;
                 }
@@ -337,7 +337,7 @@ impl StatusWriter {
         let status =
             HAProxyTemplateConfigStatus { observed_generation: Some(self.generation), conditions: timed.clone() };
         let patch = Patch::Merge(serde_json::json!({ "status": status }));
-        if let Err(error) = self.api.patch_status(&self.name, &PatchParams::default(), &patch).await {
+        if let Err(error) = bounded(self.api.patch_status(&self.name, &PatchParams::default(), &patch)).await {
             warn!(%error, "could not write the configuration's status");
             return;
         }
@@ -350,12 +350,24 @@ impl StatusWriter {
                     action: "Reconcile".into(),
                     secondary: None,
                 };
-                if let Err(error) = self.recorder.publish(&event, reference).await {
+                if let Err(error) = bounded(self.recorder.publish(&event, reference)).await {
                     warn!(%error, reason = %event.reason, "could not publish an Event on the configuration");
                 }
             }
         }
         self.written = Some((self.generation, timed));
+    }
+}
+
+/// How long one status or Event write may take: an API server that stopped answering must
+/// not hold up the controller's loop (the kube client waits minutes for a silent peer).
+const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A write to the API server, given up after [`API_CALL_TIMEOUT`].
+async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(API_CALL_TIMEOUT, call).await {
+        Ok(result) => result.map_err(|error| error.to_string()),
+        Err(_) => Err(format!("no answer within {}s", API_CALL_TIMEOUT.as_secs())),
     }
 }
 

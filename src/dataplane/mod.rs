@@ -174,6 +174,18 @@ pub enum DataplaneError {
         /// The transport error with all its causes (a TLS failure's reason is the last one).
         cause: String,
     },
+    /// The write was not sent: this replica may not write to pods now (see [`WriteGuard`]).
+    #[error("Dataplane API {endpoint}: {method} {path} not sent: {reason}")]
+    Fenced {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The HTTP method.
+        method: Method,
+        /// The API path below `/v3`.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// A client for this endpoint cannot be built with the TLS settings given.
     #[error("Dataplane API {endpoint}: cannot set up TLS: {detail}")]
     TlsSetup {
@@ -232,6 +244,14 @@ pub enum DataplaneError {
     },
 }
 
+/// Asked before every write (any request but a GET): whether it may go out, and how long it
+/// may take at most (`None`: no limit beyond the usual timeout). Leader election implements it,
+/// so a replica whose lease may lapse writes nothing, and no write outlives the lease.
+pub trait WriteGuard: Send + Sync + fmt::Debug {
+    /// `Ok(limit)` to send within `limit`; `Err(reason)` to send nothing.
+    fn allow(&self) -> Result<Option<Duration>, String>;
+}
+
 /// A client for one pod's Dataplane API.
 #[derive(Debug, Clone)]
 pub struct DataplaneClient {
@@ -245,6 +265,18 @@ pub struct DataplaneClient {
     /// TLS without a client certificate: a connection closed during the exchange is most
     /// likely a Dataplane API that requires one (it closes without saying why).
     may_lack_client_certificate: bool,
+    /// Asked before every write, when set.
+    guard: Option<std::sync::Arc<dyn WriteGuard>>,
+}
+
+/// The `User-Agent` of every request: `haptic/<version> (<replica>)`, so a pod's access log
+/// says which replica wrote what.
+static USER_AGENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Names this replica in the `User-Agent` of its Dataplane requests (once, at start).
+pub fn set_replica_name(replica: &str) {
+    let printable: String = replica.chars().filter(|c| c.is_ascii_graphic()).take(63).collect();
+    let _ = USER_AGENT.set(format!("haptic/{} ({printable})", env!("CARGO_PKG_VERSION")));
 }
 
 /// Longest accepted wait for one Dataplane API call; a forced reload is the slowest.
@@ -258,7 +290,7 @@ impl DataplaneClient {
     pub fn new(endpoint: Endpoint, credentials: Credentials) -> Self {
         let http = Self::builder().build().unwrap_or_else(|_| reqwest::Client::new());
         let request_base = endpoint.base.clone();
-        Self { endpoint, request_base, credentials, http, may_lack_client_certificate: false }
+        Self { endpoint, request_base, credentials, http, may_lack_client_certificate: false, guard: None }
     }
 
     /// Builds a client speaking TLS with these settings: `https` whatever the endpoint's scheme
@@ -291,11 +323,18 @@ impl DataplaneClient {
         }
         let http = builder.build().map_err(|e| setup_error(&endpoint, tls::error_chain(&e)))?;
         let may_lack_client_certificate = settings.identity.is_none();
-        Ok(Self { endpoint, request_base, credentials, http, may_lack_client_certificate })
+        Ok(Self { endpoint, request_base, credentials, http, may_lack_client_certificate, guard: None })
+    }
+
+    /// This client, asking `guard` before every write.
+    pub fn guarded(mut self, guard: std::sync::Arc<dyn WriteGuard>) -> Self {
+        self.guard = Some(guard);
+        self
     }
 
     fn builder() -> reqwest::ClientBuilder {
-        reqwest::Client::builder().timeout(REQUEST_TIMEOUT).connect_timeout(Duration::from_secs(5))
+        let agent = USER_AGENT.get().cloned().unwrap_or_else(|| format!("haptic/{}", env!("CARGO_PKG_VERSION")));
+        reqwest::Client::builder().timeout(REQUEST_TIMEOUT).connect_timeout(Duration::from_secs(5)).user_agent(agent)
     }
 
     /// The endpoint this client talks to.
@@ -523,10 +562,26 @@ impl DataplaneClient {
 
     async fn execute(
         &self,
-        request: reqwest::RequestBuilder,
+        mut request: reqwest::RequestBuilder,
         method: Method,
         path: &str,
     ) -> Result<reqwest::Response, DataplaneError> {
+        if method != Method::GET
+            && let Some(guard) = &self.guard
+        {
+            match guard.allow() {
+                Ok(Some(limit)) => request = request.timeout(limit.min(REQUEST_TIMEOUT)),
+                Ok(None) => {}
+                Err(reason) => {
+                    return Err(DataplaneError::Fenced {
+                        endpoint: self.endpoint.to_string(),
+                        method,
+                        path: path.to_owned(),
+                        reason,
+                    });
+                }
+            }
+        }
         // One span per call: method, path and answer, never the credentials or the body.
         let span = tracing::info_span!(
             "dataplane request",

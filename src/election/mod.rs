@@ -1,13 +1,19 @@
 //! Leader election on a `coordination.k8s.io` Lease: only the leader deploys.
 //!
-//! kube-lease-manager acquires and renews the Lease. It does not say when a renewal fails, so
-//! a leader cut off from the API server would believe itself leader until it hears otherwise.
-//! This module therefore also reads the Lease on its own and judges leadership from what it
-//! last saw ([`judge`], pure): leader only while the Lease names this replica and its last
-//! renewal, plus the lease duration, minus the grace margin, is still ahead. A partitioned
-//! leader so steps down `grace` before any other replica may take the Lease over, and the
-//! fleet stops with it. The leader term is the Lease's `leaseTransitions` when it was taken.
+//! kube-lease-manager acquires and renews the Lease (`grace` before it expires). It does not
+//! say when a renewal fails, so a leader cut off from the API server would believe itself
+//! leader until it hears otherwise. This module therefore also reads the Lease on its own and
+//! judges leadership from what it last saw ([`judge`], pure): leader only while the Lease names
+//! this replica and its last renewal, plus the lease duration, minus half the grace, is still
+//! ahead (the renewal is due at minus the whole grace, so a renewal that took is seen before
+//! then). A partitioned leader so steps down `grace / 2` before any other replica may take the
+//! Lease over. Writes to pods do not wait for the step-down to be heard: the [`Fence`] they ask
+//! runs out at that same instant by itself. The leader term is the Lease's `leaseTransitions`
+//! when it was taken.
 
+pub mod fence;
+
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -17,6 +23,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::journal::LeaderTerm;
+pub use fence::{Fence, Fenced};
 
 /// Where this replica stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,8 +108,14 @@ impl LeaseSeen {
     }
 }
 
+/// How long before the Lease could be taken over a leader stops: half the grace. The holder
+/// renews a whole grace before expiry, so a renewal that took is seen well before this.
+pub fn step_down_margin(grace: Duration) -> Duration {
+    grace / 2
+}
+
 /// Whether this replica leads: the lease manager must believe it holds the lock, and the last
-/// read of the Lease must name it with a renewal still good for more than `grace`.
+/// read of the Lease must name it with a renewal still good for more than the step-down margin.
 pub fn judge(
     lock_held: bool,
     seen: Option<&LeaseSeen>,
@@ -112,7 +125,7 @@ pub fn judge(
 ) -> Leadership {
     let Some(seen) = seen else { return Leadership::Follower };
     let (Some(renewed), Some(duration)) = (seen.renewed, seen.duration) else { return Leadership::Follower };
-    let safe_until = (renewed + duration).checked_sub(grace);
+    let safe_until = (renewed + duration).checked_sub(step_down_margin(grace));
     if lock_held && seen.holder.as_deref() == Some(identity) && safe_until.is_some_and(|until| now < until) {
         Leadership::Leader(LeaderTerm(seen.transitions))
     } else {
@@ -120,12 +133,28 @@ pub fn judge(
     }
 }
 
+/// Until when, on the monotonic clock, a leader that saw the Lease as `seen` (at `wall_now`
+/// and `mono_now`, read together) may write: the last renewal plus the lease duration minus
+/// the step-down margin. `None` when that has passed.
+pub fn writable_until(
+    seen: &LeaseSeen,
+    grace: Duration,
+    wall_now: SystemTime,
+    mono_now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let safe_until = (seen.renewed? + seen.duration?).checked_sub(step_down_margin(grace))?;
+    let left = safe_until.duration_since(wall_now).ok()?;
+    Some(mono_now + left)
+}
+
 /// Runs the election until `leadership`'s receivers are all gone or `stop` fires, publishing
-/// every change; on `stop` it hands the Lease back before returning.
+/// every change and granting `fence` only while this replica leads, until its lease could
+/// lapse; on `stop` it hands the Lease back before returning.
 pub async fn run(
     client: kube::Client,
     settings: ElectionSettings,
     leadership: watch::Sender<Leadership>,
+    fence: Arc<Fence>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
@@ -139,6 +168,7 @@ pub async fn run(
             changed = manager.held.changed() => if changed.is_err() { return },
             _ = leadership.closed() => return,
             _ = &mut stop => {
+                fence.revoke();
                 leadership.send_replace(Leadership::Follower);
                 crate::telemetry::metrics::metrics().leader.set(0);
                 manager.hand_back(&settings).await;
@@ -160,7 +190,13 @@ pub async fn run(
             manager = fresh;
             continue;
         }
-        let now_leading = judge(held, seen.as_ref(), &settings.identity, SystemTime::now(), settings.grace);
+        let (wall_now, mono_now) = (SystemTime::now(), tokio::time::Instant::now());
+        let now_leading = judge(held, seen.as_ref(), &settings.identity, wall_now, settings.grace);
+        // The grant runs out by itself: if this loop stalls, writes stop on time all the same.
+        match (now_leading, seen.as_ref().and_then(|s| writable_until(s, settings.grace, wall_now, mono_now))) {
+            (Leadership::Leader(term), Some(until)) => fence.grant(term, until),
+            _ => fence.revoke(),
+        }
         let before = *leadership.borrow();
         if before != now_leading {
             match now_leading {
@@ -249,12 +285,25 @@ mod tests {
         assert_eq!(judge(false, Some(&fresh), "a", now, grace), Leadership::Follower, "the manager lost the lock");
         assert_eq!(judge(true, Some(&fresh), "b", now, grace), Leadership::Follower, "someone else holds it");
         assert_eq!(judge(true, None, "a", now, grace), Leadership::Follower);
-        // Renewed 10 s ago with a 15 s lease: 5 s left, not more than the grace: step down now,
-        // 5 s before another replica could take it.
-        assert_eq!(judge(true, Some(&seen("a", 10, now)), "a", now, grace), Leadership::Follower);
-        assert_eq!(judge(true, Some(&seen("a", 9, now)), "a", now, grace), Leadership::Leader(LeaderTerm(4)));
+        // Renewed 13 s ago with a 15 s lease: 2 s left, not more than half the grace: step down
+        // now, before another replica could take it. At 12 s the renewal (due at 10 s) may just
+        // not have been seen yet: still leading.
+        assert_eq!(judge(true, Some(&seen("a", 13, now)), "a", now, grace), Leadership::Follower);
+        assert_eq!(judge(true, Some(&seen("a", 12, now)), "a", now, grace), Leadership::Leader(LeaderTerm(4)));
         let released = LeaseSeen { renewed: None, ..fresh };
         assert_eq!(judge(true, Some(&released), "a", now, grace), Leadership::Follower);
+    }
+
+    #[test]
+    fn writes_are_granted_until_the_renewal_plus_the_lease_minus_the_grace() {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mono = tokio::time::Instant::now();
+        let grace = Duration::from_secs(5);
+        // Renewed 2 s ago, 15 s lease: 10.5 s left before the step-down margin (2.5 s).
+        assert_eq!(writable_until(&seen("a", 2, wall), grace, wall, mono), Some(mono + Duration::from_millis(10_500)));
+        assert_eq!(writable_until(&seen("a", 13, wall), grace, wall, mono), None);
+        let unrenewed = LeaseSeen { renewed: None, ..seen("a", 2, wall) };
+        assert_eq!(writable_until(&unrenewed, grace, wall, mono), None);
     }
 
     #[test]

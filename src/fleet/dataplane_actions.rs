@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::driver::{ActionError, Desired, Patched, PodActions, PodTarget, Reading, StoredCopy, Validation};
 use crate::dataplane::{
     Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus,
-    StorageKind, StoredConfig,
+    StorageKind, StoredConfig, WriteGuard,
 };
 use crate::files::Checksum;
 use crate::journal::{Journal, PodUid};
@@ -42,12 +42,36 @@ pub struct DataplaneActions {
     /// Where what a validation replaces is recorded before it is replaced, so that it can be put
     /// back even by a controller that restarted in between.
     journal: Arc<Journal>,
+    /// Asked before every write to a pod (the leader's lease, in production).
+    guard: Arc<dyn WriteGuard>,
+}
+
+/// Lets writes out while this replica holds the lease in the term the fleet deploys in, and
+/// for no longer than it may still hold it.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    fence: Arc<crate::election::Fence>,
+    term: crate::journal::LeaderTerm,
+}
+
+impl LeaseGuard {
+    /// A guard for writes planned in `term`.
+    pub fn new(fence: Arc<crate::election::Fence>, term: crate::journal::LeaderTerm) -> Self {
+        Self { fence, term }
+    }
+}
+
+impl WriteGuard for LeaseGuard {
+    fn allow(&self) -> Result<Option<Duration>, String> {
+        self.fence.remaining(self.term).map_err(|fenced| fenced.to_string())
+    }
 }
 
 impl DataplaneActions {
-    /// An adapter reaching every pod with `access`, recording uploads in `journal`.
-    pub fn new(access: Access, journal: Arc<Journal>) -> Self {
-        Self { access: Mutex::new(access), clients: Mutex::new(HashMap::new()), journal }
+    /// An adapter reaching every pod with `access`, recording uploads in `journal`, writing
+    /// only while `guard` allows.
+    pub fn new(access: Access, journal: Arc<Journal>, guard: Arc<dyn WriteGuard>) -> Self {
+        Self { access: Mutex::new(access), clients: Mutex::new(HashMap::new()), journal, guard }
     }
 
     /// Replaces the credentials or TLS settings (a Secret changed); connections are rebuilt
@@ -71,7 +95,7 @@ impl DataplaneActions {
         }
         let endpoint = Endpoint::parse(&pod.endpoint).map_err(failed)?;
         let access = self.access.lock().map_err(|_| failed("access settings poisoned"))?.clone();
-        let client = access.client(endpoint).map_err(failed)?;
+        let client = access.client(endpoint).map_err(failed)?.guarded(self.guard.clone());
         clients.insert(pod.endpoint.clone(), client.clone());
         Ok(client)
     }
@@ -464,6 +488,11 @@ mod request_shapes {
 
     use super::*;
     use crate::dataplane::Credentials;
+
+    fn unguarded() -> Arc<dyn WriteGuard> {
+        let fence = Arc::new(crate::election::Fence::unbounded(crate::journal::LeaderTerm::default()));
+        Arc::new(LeaseGuard::new(fence, crate::journal::LeaderTerm::default()))
+    }
     use crate::files::{FileSet, RenderedFile};
 
     #[tokio::test]
@@ -534,7 +563,7 @@ mod request_shapes {
 
         let dir = tempfile::tempdir().unwrap();
         let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
-        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal);
+        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal, unguarded());
         let pod = PodTarget {
             uid: PodUid("u".into()),
             namespace: "n".into(),
@@ -613,7 +642,7 @@ mod request_shapes {
             .await;
         let dir = tempfile::tempdir().unwrap();
         let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
-        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal);
+        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal, unguarded());
         let pod = PodTarget {
             uid: PodUid("u".into()),
             namespace: "n".into(),

@@ -1,23 +1,37 @@
-//! A TCP proxy in front of the API server that a test can cut, to partition one controller
-//! from the API server while everything else keeps talking to it.
+//! A TCP proxy in front of the API server that a test can cut (connections close at once) or
+//! blackhole (connections stay open and go silent, new ones are accepted and never answered,
+//! as when a network drops packets), to partition one controller from the API server while
+//! everything else keeps talking to it.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
+
+/// What the proxy does with traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Forward,
+    Cut,
+    Blackhole,
+}
 
 /// A running proxy; dropping it stops it.
 pub struct CuttableProxy {
     /// Where it listens.
     pub address: SocketAddr,
-    cut: Arc<AtomicBool>,
+    mode: watch::Sender<Mode>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
+}
+
+/// Waits until the mode is `wanted` (or the proxy is gone).
+async fn until(mode: &mut watch::Receiver<Mode>, wanted: impl Fn(Mode) -> bool) {
+    let _ = mode.wait_for(|current| wanted(*current)).await;
 }
 
 impl CuttableProxy {
@@ -25,39 +39,57 @@ impl CuttableProxy {
     pub async fn start(upstream: SocketAddr) -> Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
-        let cut = Arc::new(AtomicBool::new(false));
+        let (mode, _) = watch::channel(Mode::Forward);
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let accept = tokio::spawn({
-            let cut = cut.clone();
+            let mode = mode.clone();
             let connections = connections.clone();
             async move {
                 while let Ok((mut inbound, _)) = listener.accept().await {
-                    if cut.load(Ordering::Acquire) {
-                        continue; // dropped: the connection is closed at once
-                    }
-                    let forward = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                    });
+                    let mut watching = mode.subscribe();
+                    let now = *watching.borrow();
+                    let forward = match now {
+                        Mode::Cut => continue, // dropped: the connection is closed at once
+                        // Accepted, then never answered, until healed (then closed).
+                        Mode::Blackhole => tokio::spawn(async move {
+                            until(&mut watching, |m| m != Mode::Blackhole).await;
+                            drop(inbound);
+                        }),
+                        Mode::Forward => tokio::spawn(async move {
+                            let Ok(mut outbound) = TcpStream::connect(upstream).await else { return };
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                                // Silent: both sockets held open, nothing moves, until healed.
+                                _ = until(&mut watching, |m| m == Mode::Blackhole) => {
+                                    until(&mut watching, |m| m != Mode::Blackhole).await;
+                                }
+                            }
+                        }),
+                    };
                     connections.lock().await.push(forward);
                 }
             }
         });
-        Ok(Self { address, cut, connections, accept })
+        Ok(Self { address, mode, connections, accept })
     }
 
     /// Cuts every open connection and refuses new ones.
     pub async fn cut(&self) {
-        self.cut.store(true, Ordering::Release);
+        self.mode.send_replace(Mode::Cut);
         for connection in self.connections.lock().await.drain(..) {
             connection.abort();
         }
     }
 
-    /// Lets connections through again.
+    /// Silences every open connection (held open, nothing passes) and accepts new ones without
+    /// ever answering them: a network that drops packets, not one that refuses.
+    pub fn blackhole(&self) {
+        self.mode.send_replace(Mode::Blackhole);
+    }
+
+    /// Lets connections through again (silenced ones are closed, so their clients reconnect).
     pub fn heal(&self) {
-        self.cut.store(false, Ordering::Release);
+        self.mode.send_replace(Mode::Forward);
     }
 
     /// A copy of `kubeconfig` (written to `to`) whose server is this proxy.
