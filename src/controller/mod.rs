@@ -332,7 +332,13 @@ pub async fn run(
                 if let Some(journal) = &journal {
                     let slots = active.renderer.slots();
                     if slots != saved_slots {
-                        match journal.put_slots(&config_key, &slots) {
+                        // An fsync: on the blocking pool, not this loop's thread.
+                        let (journal, key, kept) = (journal.clone(), config_key.clone(), slots.clone());
+                        let saved = tokio::task::spawn_blocking(move || journal.put_slots(&key, &kept))
+                            .await
+                            .map_err(|panicked| panicked.to_string())
+                            .and_then(|result| result.map_err(|error| error.to_string()));
+                        match saved {
                             Ok(()) => saved_slots = slots,
                             Err(error) => warn!(%error, "could not journal the server slots"),
                         }

@@ -101,14 +101,29 @@ impl DataplaneActions {
     }
 
     /// Records what an upload is about to replace; no upload is made unless this is on disk.
-    fn record_upload(
+    async fn record_upload(
         &self,
         uid: &PodUid,
         kind: StorageKind,
         name: &str,
         original: Option<&str>,
     ) -> Result<(), ActionError> {
-        self.journal.record_upload(uid, kind, name, original.map(str::as_bytes)).map_err(failed)
+        let (uid, name, original) = (uid.clone(), name.to_owned(), original.map(|o| o.as_bytes().to_vec()));
+        self.on_journal(move |journal| journal.record_upload(&uid, kind, &name, original.as_deref()))
+            .await
+            .map_err(ActionError::Failed)
+    }
+
+    /// Runs journal work (an fsync, a read of the store) on the blocking pool: no async worker,
+    /// which lease renewal shares, waits on the disk.
+    async fn on_journal<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Journal) -> Result<T, crate::journal::JournalError> + Send + 'static,
+    ) -> Result<T, String> {
+        let journal = Arc::clone(&self.journal);
+        tokio::task::spawn_blocking(move || work(&journal).map_err(|error| error.to_string()))
+            .await
+            .unwrap_or_else(|panicked| Err(format!("journal work panicked: {panicked}")))
     }
 }
 
@@ -290,14 +305,14 @@ impl PodActions for DataplaneActions {
         for (name, file) in &desired.files.certs {
             if !present.contains(name) {
                 let kind = StorageKind::Certificates;
-                self.record_upload(&pod.uid, kind, name, None)?;
+                self.record_upload(&pod.uid, kind, name, None).await?;
                 client.put_storage(kind, name, &file.content, false).await.map_err(failed)?;
             }
         }
         for (kind, name, content) in desired_storage(desired) {
             let current = client.get_storage(kind, name).await.map_err(failed)?;
             if current.as_deref() != Some(content) {
-                self.record_upload(&pod.uid, kind, name, current.as_deref())?;
+                self.record_upload(&pod.uid, kind, name, current.as_deref()).await?;
                 client.put_storage(kind, name, content, current.is_some()).await.map_err(failed)?;
             }
         }
@@ -335,7 +350,8 @@ impl PodActions for DataplaneActions {
             }
         }
         // Pushed: what validation uploaded is what the pod runs now.
-        self.journal.settle_uploads(&pod.uid, &[]).map_err(failed)?;
+        let uid = pod.uid.clone();
+        self.on_journal(move |journal| journal.settle_uploads(&uid, &[])).await.map_err(ActionError::Failed)?;
         Ok(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version })
     }
 
@@ -386,7 +402,8 @@ impl PodActions for DataplaneActions {
 
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
         let client = self.client(pod).map_err(|e| e.to_string())?;
-        let pending = self.journal.pending_uploads(&pod.uid).map_err(|e| e.to_string())?;
+        let uid = pod.uid.clone();
+        let pending = self.on_journal(move |journal| journal.pending_uploads(&uid)).await?;
         // Every file is put back that can be; those that cannot stay recorded for next time.
         let mut errors = Vec::new();
         let mut left = Vec::new();
@@ -403,7 +420,8 @@ impl PodActions for DataplaneActions {
                 left.push(upload);
             }
         }
-        self.journal.settle_uploads(&pod.uid, &left).map_err(|e| e.to_string())?;
+        let uid = pod.uid.clone();
+        self.on_journal(move |journal| journal.settle_uploads(&uid, &left)).await?;
         if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
     }
 }

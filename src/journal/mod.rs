@@ -202,6 +202,9 @@ pub struct Journal {
     slots: sled::Tree,
     uploads: sled::Tree,
     retention: u64,
+    /// Every pod's current record, as last committed: read by the API and the status every
+    /// second, from memory (decoded once at open, replaced at each commit), never from disk.
+    snapshot: std::sync::RwLock<std::collections::BTreeMap<String, JournaledPod>>,
 }
 
 /// sled's default cache is 1 GiB; the journal's working set is a few records per pod.
@@ -281,6 +284,7 @@ impl Journal {
             uploads: db.open_tree("uploads").map_err(store("opening the uploads tree"))?,
             db,
             retention: retention.max(1),
+            snapshot: Default::default(),
         };
         let schema = match journal.db.get(SCHEMA_KEY).map_err(store("reading the schema version"))? {
             None if journal.pods.is_empty() => {
@@ -299,9 +303,14 @@ impl Journal {
             return Err(OpenFailure::UnknownSchema(schema));
         }
         // Every pod record must decode, or the journal cannot be trusted at all.
+        let mut snapshot = std::collections::BTreeMap::new();
         for entry in journal.pods.iter() {
             let (_, bytes) = entry.map_err(store("reading pod records"))?;
-            decode_pod(&bytes).map_err(OpenFailure::Unreadable)?;
+            let pod = decode_pod(&bytes).map_err(OpenFailure::Unreadable)?;
+            snapshot.insert(pod.uid.0.clone(), pod);
+        }
+        if let Ok(mut kept) = journal.snapshot.write() {
+            *kept = snapshot;
         }
         if schema == SCHEMA_VERSION {
             return Ok((journal, None));
@@ -398,7 +407,11 @@ impl Journal {
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(|error| self.transaction_error("committing a transition", error))?;
-        self.flush()
+        self.flush()?;
+        if let Ok(mut snapshot) = self.snapshot.write() {
+            snapshot.insert(pod.uid.0.clone(), pod.clone());
+        }
+        Ok(())
     }
 
     fn flush(&self) -> Result<(), JournalError> {
@@ -409,22 +422,14 @@ impl Journal {
         })
     }
 
-    /// One pod's record.
+    /// One pod's record (from memory: what the last commit wrote).
     pub fn pod(&self, uid: &PodUid) -> Result<Option<JournaledPod>, JournalError> {
-        let bytes = self.pods.get(uid.0.as_bytes()).map_err(|source| self.store("reading a pod", source))?;
-        bytes.map(|bytes| decode_pod(&bytes).map_err(|source| self.record(format!("pod {uid}"), source))).transpose()
+        Ok(self.snapshot.read().ok().and_then(|snapshot| snapshot.get(&uid.0).cloned()))
     }
 
-    /// Every pod the journal knows.
+    /// Every pod the journal knows, in UID order (from memory: what the last commits wrote).
     pub fn pods(&self) -> Result<Vec<JournaledPod>, JournalError> {
-        self.pods
-            .iter()
-            .map(|entry| {
-                let (key, bytes) = entry.map_err(|source| self.store("reading pods", source))?;
-                decode_pod(&bytes)
-                    .map_err(|source| self.record(format!("pod {}", String::from_utf8_lossy(&key)), source))
-            })
-            .collect()
+        Ok(self.snapshot.read().map(|snapshot| snapshot.values().cloned().collect()).unwrap_or_default())
     }
 
     /// A page of a pod's transitions, oldest first, after `after_seq`.
@@ -449,6 +454,9 @@ impl Journal {
     /// Forgets a pod that is gone, with its log.
     pub fn forget(&self, uid: &PodUid) -> Result<(), JournalError> {
         self.pods.remove(uid.0.as_bytes()).map_err(|source| self.store("forgetting a pod", source))?;
+        if let Ok(mut snapshot) = self.snapshot.write() {
+            snapshot.remove(&uid.0);
+        }
         self.uploads.remove(uid.0.as_bytes()).map_err(|source| self.store("forgetting a pod's uploads", source))?;
         for key in self.log.scan_prefix(log_prefix(uid)).keys() {
             let key = key.map_err(|source| self.store("forgetting a pod's log", source))?;
