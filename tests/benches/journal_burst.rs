@@ -22,7 +22,7 @@ const DRIVERS: u64 = 50;
 const RENEWAL_PERIOD: Duration = Duration::from_millis(100);
 
 fn record(driver: u64, seq: u64, files: &[(String, Checksum)]) -> JournaledPod {
-    let to = if seq % 2 == 0 { State::InSync } else { State::Syncing };
+    let to = if seq.is_multiple_of(2) { State::InSync } else { State::Syncing };
     JournaledPod {
         uid: PodUid(format!("0d4c2f7a-7a44-4c1b-9d7e-{driver:012}")),
         namespace: "haptic".into(),
