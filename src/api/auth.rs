@@ -50,6 +50,28 @@ pub enum AuthError {
         #[source]
         source: kube::Error,
     },
+    /// The API server did not answer a review in time.
+    #[error("the {review} got no answer within {seconds}s")]
+    TimedOut {
+        /// TokenReview or SubjectAccessReview.
+        review: &'static str,
+        /// How long it waited.
+        seconds: u64,
+    },
+}
+
+/// How long a review may take: a reader gets 503 rather than a request hanging on an API
+/// server that stopped answering.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn bounded<T>(
+    review: &'static str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, AuthError> {
+    tokio::time::timeout(REVIEW_TIMEOUT, call)
+        .await
+        .map_err(|_| AuthError::TimedOut { review, seconds: REVIEW_TIMEOUT.as_secs() })?
+        .map_err(|source| AuthError::Review { review, source })
 }
 
 /// Reviews tokens against the Kubernetes API server.
@@ -89,10 +111,7 @@ impl KubeAuthorizer {
             spec: TokenReviewSpec { token: Some(token.to_owned()), ..TokenReviewSpec::default() },
             ..TokenReview::default()
         };
-        let reviewed = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|source| AuthError::Review { review: "TokenReview", source })?;
+        let reviewed = bounded("TokenReview", reviews.create(&PostParams::default(), &review)).await?;
         let status = reviewed.status.unwrap_or_default();
         let Some(user) = status.user.filter(|_| status.authenticated == Some(true)) else {
             return Ok(Decision::Unauthenticated);
@@ -114,10 +133,7 @@ impl KubeAuthorizer {
             },
             ..SubjectAccessReview::default()
         };
-        let answer = access
-            .create(&PostParams::default(), &question)
-            .await
-            .map_err(|source| AuthError::Review { review: "SubjectAccessReview", source })?;
+        let answer = bounded("SubjectAccessReview", access.create(&PostParams::default(), &question)).await?;
         if answer.status.is_some_and(|status| status.allowed) {
             Ok(Decision::Allowed)
         } else {
