@@ -2,10 +2,11 @@
 //! real Ingress, Service and EndpointSlice objects on the real API server, the real controller
 //! rendering the chart's configuration from them, and HAProxy 2.8 running exactly those files.
 //!
-//! The files reach HAProxy by copy and master-CLI reload here, not through the Dataplane API,
-//! which cannot be built on this machine (docs/environment.md); the deployment path is covered
-//! by tests/fleet_live.rs once it can. EndpointSlices may not hold loopback addresses, so the
-//! backends of this test listen on the machine's own non-loopback address.
+//! The files reach this test's own HAProxy by copy and master-CLI reload, so each row checks the
+//! library alone; the deployment path through the Dataplane API is covered by tests/deploy.rs,
+//! tests/fleet_live.rs and tests/hostile.rs. EndpointSlices may not hold loopback addresses, so
+//! the backends of this test listen on the environment's backend host (a network namespace on
+//! 198.18.0.0/15).
 //!
 //! The table it prints is docs/library-conformance.md.
 
