@@ -116,10 +116,11 @@ pub(crate) fn map_key(value: &str) -> Result<String, Error> {
 }
 
 /// `value | url_path`: an HTTP request path as RFC 3986 writes one: `/` then unreserved
-/// characters, sub-delimiters, `:`, `@`, `/` and `%` followed by two hex digits, at most
-/// [`MAP_KEY_LIMIT`] bytes. No client request can match a path outside that (a `#` starts a
-/// fragment, a space ends the request line), so an Ingress path with one is refused rather
-/// than written into a map.
+/// characters, sub-delimiters but `'`, `:`, `@`, `/` and `%` followed by two hex digits, at
+/// most [`MAP_KEY_LIMIT`] bytes. No client request can match a path outside that (a `#` starts
+/// a fragment, a space ends the request line), so an Ingress path with one is refused rather
+/// than written into a map. A `'` is refused too, though a URL may hold one bare: in
+/// `haproxy.cfg` it would open a quote (found by the fuzz target); `%27` is the same path.
 pub(crate) fn url_path(value: &str) -> Result<String, Error> {
     let bytes = value.as_bytes();
     let mut index = 0;
@@ -135,7 +136,7 @@ pub(crate) fn url_path(value: &str) -> Result<String, Error> {
                 continue;
             }
             b'%' => flaw_found = Some("it holds a % not followed by two hex digits".into()),
-            b if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b) => {}
+            b if b.is_ascii_alphanumeric() || b"-._~!$&()*+,;=:@/".contains(&b) => {}
             _ => {
                 let c = value[index..].chars().next().unwrap_or('?');
                 flaw_found = Some(match forbidden_char(&c.to_string()) {
@@ -297,10 +298,10 @@ mod tests {
 
     #[test]
     fn url_paths_are_rfc_3986_paths() {
-        for good in ["/", "/a/b.c", "/caf%C3%A9", "/it's", "/a;b=c", "/~user/@x:1"] {
+        for good in ["/", "/a/b.c", "/caf%C3%A9", "/it%27s", "/a;b=c", "/~user/@x:1", "/(a)!$&*+,"] {
             assert_eq!(url_path(good).unwrap(), good);
         }
-        for bad in ["", "a", "/a b", "/a#b", "/a\"b", "/a\\b", "/%[src]", "/%4", "/a\nb", "/é", "/{x}", "/a|b"] {
+        for bad in ["", "a", "/a b", "/a#b", "/a\"b", "/a\\b", "/%[src]", "/%4", "/a\nb", "/é", "/{x}", "/a|b", "/'"] {
             assert!(url_path(bad).is_err(), "{bad:?} was taken");
         }
         assert!(url_path(&format!("/{}", "a".repeat(MAP_KEY_LIMIT))).is_err());
