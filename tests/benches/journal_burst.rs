@@ -6,6 +6,9 @@
 //!
 //! The runtime has 2 worker threads, as the controller has on a 2-core node. `-- --inline`
 //! commits on the async workers instead (how the controller did it before), for comparison.
+//! With `HAPTIC_ENV_DIR` naming a running environment (`make env-up`), the real election runs
+//! too, on a Lease of the environment's API server (15 s lease, 5 s grace, as the chart sets
+//! them), on the same runtime: the bench counts leadership losses and fence closures.
 //! Run with `cargo bench --bench journal_burst` (N = 10,000), or `-- N` for another count.
 
 use std::sync::Arc;
@@ -13,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use haptic::api::{ApiState, bind, serve};
+use haptic::election::{ElectionSettings, Fence, Leadership};
 use haptic::files::Checksum;
 use haptic::fleet::machine::State;
 use haptic::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
@@ -43,6 +47,51 @@ fn record(driver: u64, seq: u64, files: &[(String, Checksum)]) -> JournaledPod {
     }
 }
 
+/// The real election on the environment's API server, once leading.
+struct Election {
+    fence: Arc<Fence>,
+    term: LeaderTerm,
+    leadership: tokio::sync::watch::Receiver<Leadership>,
+    /// Dropping it would make the election hand the Lease back.
+    _keep_running: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Starts the real election on the environment's API server and waits until it leads; `None`
+/// without an environment.
+async fn start_election() -> Option<Election> {
+    let dir = std::env::var_os("HAPTIC_ENV_DIR")?;
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(std::path::Path::new(&dir).join("env.json")).ok()?).ok()?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(manifest["kubeconfig"].as_str()?).ok()?;
+    haptic::tls::install_crypto_provider();
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.ok()?;
+    let client = kube::Client::try_from(config).ok()?;
+    let settings = ElectionSettings {
+        namespace: manifest["namespace"].as_str()?.to_owned(),
+        lease_name: format!("journal-burst-{}", std::process::id()),
+        identity: "journal-burst".into(),
+        duration: Duration::from_secs(15),
+        grace: Duration::from_secs(5),
+    };
+    let fence = Arc::new(Fence::default());
+    let (leadership_tx, mut leadership) = tokio::sync::watch::channel(Leadership::Follower);
+    let (keep_running, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(haptic::election::run(client, settings, leadership_tx, fence.clone(), stopped));
+    let term = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Leadership::Leader(term) = *leadership.borrow_and_update() {
+                return term;
+            }
+            let _ = leadership.changed().await;
+        }
+    })
+    .await
+    .ok()?;
+    println!("journal burst: leading the Lease in term {term}, the burst starts");
+    Some(Election { fence, term, leadership, _keep_running: keep_running })
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted.get(((sorted.len().max(1) - 1) as f64 * p) as usize).copied().unwrap_or_default()
 }
@@ -70,19 +119,44 @@ async fn burst(count: u64, inline: bool) {
     let state = ApiState { journal: Some(journal.clone()), ..ApiState::default() };
     tokio::spawn(serve(listener, state));
     let done = Arc::new(AtomicBool::new(false));
+    let election = start_election().await;
+    // Every step-down during the burst.
+    let losses = election.as_ref().map(|election| {
+        let mut leadership = election.leadership.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut losses = 0u32;
+            while !done.load(Ordering::Relaxed) {
+                if tokio::time::timeout(RENEWAL_PERIOD, leadership.changed()).await.is_ok_and(|r| r.is_ok())
+                    && !leadership.borrow_and_update().is_leader()
+                {
+                    losses += 1;
+                }
+            }
+            (losses, leadership.borrow().is_leader())
+        })
+    });
 
-    // The stand-in for lease renewal: how late does each tick fire?
+    // The stand-in for lease renewal: how late does each tick fire? With the real election on,
+    // each tick also asks its fence whether this replica may still write.
     let renewals = tokio::spawn({
         let done = done.clone();
+        let fence = election.as_ref().map(|election| (election.fence.clone(), election.term));
         async move {
             let mut lateness = Vec::new();
+            let mut fenced = 0u32;
             let mut next = tokio::time::Instant::now() + RENEWAL_PERIOD;
             while !done.load(Ordering::Relaxed) {
                 tokio::time::sleep_until(next).await;
                 lateness.push(tokio::time::Instant::now().duration_since(next));
+                if let Some((fence, term)) = &fence
+                    && fence.remaining(*term).is_err()
+                {
+                    fenced += 1;
+                }
                 next += RENEWAL_PERIOD;
             }
-            lateness
+            (lateness, fenced)
         }
     });
     // A reader of the API, one request after another.
@@ -127,7 +201,7 @@ async fn burst(count: u64, inline: bool) {
     }
     let elapsed = started.elapsed();
     done.store(true, Ordering::Relaxed);
-    let mut lateness = renewals.await.expect("renewals");
+    let (mut lateness, fenced) = renewals.await.expect("renewals");
     let mut latencies = reader.await.expect("reader");
     lateness.sort();
     latencies.sort();
@@ -144,6 +218,13 @@ async fn burst(count: u64, inline: bool) {
         percentile(&lateness, 0.99),
         lateness.last().copied().unwrap_or_default()
     );
+    if let Some(losses) = losses {
+        let (losses, leading) = losses.await.expect("election watcher");
+        println!(
+            "journal burst: real election (15 s lease, 5 s grace): {losses} leadership losses, fence closed at {fenced} of {} ticks, leading at the end: {leading}",
+            lateness.len()
+        );
+    }
     println!(
         "journal burst: GET /api/v1/pods ({} requests, {DRIVERS} pods) p50 {:?}, p99 {:?}, max {:?}",
         latencies.len(),
