@@ -94,6 +94,9 @@ pub struct DataplaneSettings {
     pub port: u16,
     /// How often every pod is checked against what was last pushed to it.
     pub drift_prevention_interval: ConfigDuration,
+    /// The least time between two reloads of one pod: a render needing a reload sooner waits,
+    /// and renders meanwhile coalesce into that reload. Runtime patches are not paced.
+    pub min_deployment_interval: ConfigDuration,
     /// The Secret holding `dataplane_username` and `dataplane_password`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<SecretRef>,
@@ -121,6 +124,7 @@ impl Default for DataplaneSettings {
         Self {
             port: 5555,
             drift_prevention_interval: ConfigDuration::from_secs(60),
+            min_deployment_interval: ConfigDuration::from_secs(2),
             credentials_secret_ref: None,
             tls: None,
             maps_dir: "/etc/haproxy/maps".into(),

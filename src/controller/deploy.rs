@@ -73,8 +73,11 @@ impl Deployer {
             None => {
                 let guard = Arc::new(crate::fleet::LeaseGuard::new(self.fence.clone(), self.term));
                 let actions = Arc::new(DataplaneActions::new(access.clone(), self.journal.clone(), guard));
-                let settings =
-                    DriverSettings { drift_interval: spec.dataplane.drift_prevention_interval.get(), term: self.term };
+                let settings = DriverSettings {
+                    drift_interval: spec.dataplane.drift_prevention_interval.get(),
+                    term: self.term,
+                    min_reload_interval: spec.dataplane.min_deployment_interval.get(),
+                };
                 let (pods_tx, pods_rx) = watch::channel(targets);
                 let (desired_tx, desired_rx) = watch::channel(desired);
                 let max_parallel = spec.dataplane.max_parallel as usize;

@@ -193,6 +193,9 @@ pub struct DriverSettings {
     /// The leader term this replica deploys in (0 without leader election); journal records
     /// of another term are not trusted until the pod confirms them.
     pub term: LeaderTerm,
+    /// The least time between two reloads of this pod: a render that needs one sooner waits,
+    /// and renders meanwhile coalesce into that one reload. Runtime patches are not paced.
+    pub min_reload_interval: Duration,
 }
 
 /// Drives one pod until `stop` turns true.
@@ -225,6 +228,8 @@ pub struct PodDriver<A: PodActions> {
     /// stopped): the pod's file may claim files whose runtime changes never took, so only a
     /// full sync settles it.
     patch_in_doubt: bool,
+    /// When this driver last reloaded the pod (a push), for pacing.
+    last_reload: Option<Instant>,
 }
 
 /// What started a burst of work on a pod, as traces name it.
@@ -284,6 +289,7 @@ impl<A: PodActions> PodDriver<A> {
             base_version: None,
             address_changes: AddressChanges::default(),
             patch_in_doubt,
+            last_reload: None,
         }
     }
 
@@ -320,6 +326,8 @@ impl<A: PodActions> PodDriver<A> {
         let mut pending: VecDeque<Action> = VecDeque::from([Action::Verify]);
         let mut retry_at: Option<Instant> = None;
         let mut drift_at = Instant::now() + self.settings.drift_interval;
+        // A render that needs a reload sooner than the pace allows waits until then.
+        let mut paced_until: Option<Instant> = None;
         self.begin(Cause::Start);
         loop {
             if *stop.borrow() {
@@ -339,6 +347,20 @@ impl<A: PodActions> PodDriver<A> {
                 changed = desired.changed() => {
                     if changed.is_err() { return; }
                     self.desired = desired.borrow_and_update().clone();
+                    let planned = self.runtime_plan();
+                    let runtime_only = planned.is_some();
+                    if !runtime_only && let Some(until) = self.reload_paced_until() {
+                        // Renders arriving meanwhile only replace `self.desired`: one reload.
+                        paced_until = Some(until);
+                        continue;
+                    }
+                    paced_until = None;
+                    self.runtime_actions = planned.unwrap_or_default();
+                    let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only };
+                    (event, Cause::DesiredChanged)
+                }
+                _ = sleep_until(paced_until), if paced_until.is_some() => {
+                    paced_until = None;
                     let planned = self.runtime_plan();
                     let runtime_only = planned.is_some();
                     self.runtime_actions = planned.unwrap_or_default();
@@ -415,6 +437,7 @@ impl<A: PodActions> PodDriver<A> {
             },
             Action::Push => match async { self.actions.push(pod, desired, base?).await }.await {
                 Ok(copy) => {
+                    self.last_reload = Some(Instant::now());
                     self.base_version = Some(copy.version);
                     self.copy = Some(copy);
                     self.patch_in_doubt = false;
@@ -531,6 +554,12 @@ impl<A: PodActions> PodDriver<A> {
 }
 
 impl<A: PodActions> PodDriver<A> {
+    /// Until when a reload must wait, if the last one was less than the pace ago.
+    fn reload_paced_until(&self) -> Option<Instant> {
+        let until = self.last_reload? + self.settings.min_reload_interval;
+        (Instant::now() < until).then_some(until)
+    }
+
     /// The runtime changes that take the pod from the files it runs to the desired ones, when
     /// that is all it takes (see `plan::plan`); `None` calls for a full sync.
     fn runtime_plan(&self) -> Option<Vec<RuntimeAction>> {
@@ -786,7 +815,11 @@ mod tests {
         seed(&journal);
         let journal = Arc::new(journal);
         let fake = FakePod::new(journal.clone(), runs);
-        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
+        let settings = DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+        };
         let driver = PodDriver::new(
             target(),
             journal.clone(),
@@ -873,6 +906,39 @@ mod tests {
         h.until("in sync after failures", |p| p.state == State::InSync).await;
         assert_eq!(h.fake.calls().iter().filter(|c| *c == "push").count(), 4);
         assert!(Instant::now() - started >= Duration::from_secs(1 + 2 + 4), "backoff 1 s, 2 s, 4 s");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reloads_of_a_pod_are_paced_and_a_burst_of_renders_is_one_reload() {
+        let h = start(|_| {}, None, desired("a"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        let first_push = tokio::time::Instant::now();
+        // Three renders needing a reload within the pace: the last one is pushed, once, when
+        // the pace allows.
+        for tag in ["b", "c", "d"] {
+            h.desired_tx.send(desired(tag)).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        h.until("the last render pushed", |p| p.pushed == Some(desired("d").checksums.clone())).await;
+        assert!(
+            first_push.elapsed() >= Duration::from_millis(1900),
+            "pushed {:?} after the first",
+            first_push.elapsed()
+        );
+        assert_eq!(h.fake.calls().iter().filter(|c| *c == "push").count(), 2, "{:?}", h.fake.calls());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runtime_patches_are_not_paced() {
+        let server = |address: &str| with_config(format!("backend be_web\n    server srv1 {address}:8080\n"));
+        let h = start(|_| {}, None, server("10.0.0.1"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        let pushed_at = tokio::time::Instant::now();
+        h.desired_tx.send(server("10.0.0.2")).unwrap();
+        h.until("patched", |p| p.pushed == Some(server("10.0.0.2").checksums.clone())).await;
+        assert!(pushed_at.elapsed() < Duration::from_millis(500), "a runtime patch waited {:?}", pushed_at.elapsed());
         h.stop().await;
     }
 

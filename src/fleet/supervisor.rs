@@ -241,7 +241,11 @@ mod tests {
             &[],
         ));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
+        let settings = DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+        };
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
 
         until(&journal, "the healthy pod in sync", |j| state(j, "ok") == Some(State::InSync)).await;
@@ -279,7 +283,11 @@ mod tests {
         let fake = Arc::new(FakeFleet::default());
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0"), pod("b", "haproxy-1")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
+        let settings = DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+        };
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
         until(&journal, "both in sync", |j| {
             state(j, "a") == Some(State::InSync) && state(j, "b") == Some(State::InSync)
@@ -309,7 +317,11 @@ mod tests {
         let restarts = crate::telemetry::metrics::metrics().driver_restarts.get();
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings { drift_interval: Duration::from_secs(60), term: LeaderTerm::default() };
+        let settings = DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+        };
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
         until(&journal, "in sync after the restart", |j| state(j, "a") == Some(State::InSync)).await;
         assert!(crate::telemetry::metrics::metrics().driver_restarts.get() > restarts, "the death is counted");
