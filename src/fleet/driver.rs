@@ -230,6 +230,8 @@ pub struct PodDriver<A: PodActions> {
     patch_in_doubt: bool,
     /// When this driver last reloaded the pod (a push), for pacing.
     last_reload: Option<Instant>,
+    /// What started the work in progress (a drift check's push is a drift repair).
+    cause: Cause,
 }
 
 /// What started a burst of work on a pod, as traces name it.
@@ -290,12 +292,14 @@ impl<A: PodActions> PodDriver<A> {
             address_changes: AddressChanges::default(),
             patch_in_doubt,
             last_reload: None,
+            cause: Cause::Start,
         }
     }
 
     /// Opens the span of a new burst of work, in the trace of the render it serves (a drift
     /// check starts a trace of its own).
     fn begin(&mut self, cause: Cause) {
+        self.cause = cause;
         let span = info_span!(
             "pod",
             k8s.namespace.name = %self.target.namespace,
@@ -438,6 +442,16 @@ impl<A: PodActions> PodDriver<A> {
             Action::Push => match async { self.actions.push(pod, desired, base?).await }.await {
                 Ok(copy) => {
                     self.last_reload = Some(Instant::now());
+                    let reason = match self.cause {
+                        Cause::DriftCheck => crate::plan::ReloadReason::Drift,
+                        _ => crate::plan::reload_reason(
+                            self.pushed_files.as_deref(),
+                            &desired.files,
+                            self.address_changes,
+                        ),
+                    };
+                    let labels = crate::telemetry::metrics::ReloadLabels { reason: reason.as_str() };
+                    crate::telemetry::metrics::metrics().reloads.get_or_create(&labels).inc();
                     self.base_version = Some(copy.version);
                     self.copy = Some(copy);
                     self.patch_in_doubt = false;
@@ -628,10 +642,8 @@ fn count(event: &Event, step: &super::machine::Step) {
         metrics.deployments.get_or_create(&DeploymentLabels { kind, result }).inc();
     };
     match (event, step.from, step.to) {
-        (Event::Pushed { .. }, _, _) => {
-            deployment("full", "ok");
-            metrics.reloads.inc();
-        }
+        // Reloads are counted where the push succeeds, with the difference that needed one.
+        (Event::Pushed { .. }, _, _) => deployment("full", "ok"),
         (Event::RuntimePatched { .. }, _, _) => deployment("runtime", "ok"),
         (Event::ActionFailed { .. }, State::Syncing, _) => deployment("full", "error"),
         (Event::ActionFailed { .. }, State::RuntimePatching, _) => deployment("runtime", "error"),

@@ -103,6 +103,78 @@ pub enum Plan {
     Full,
 }
 
+/// Why a pod was reloaded, as `haptic_reloads_total{reason}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadReason {
+    /// Nothing was known of what the pod ran (a new pod, a restart, another leader's term).
+    Unverified,
+    /// The pod was found changed by someone else.
+    Drift,
+    /// `haproxy.cfg` changed beyond what the Runtime API can apply.
+    Configuration,
+    /// A server's address changed while it served, on a HAProxy that keeps busy connections
+    /// on the old address (2.6): the Runtime API could, but not safely.
+    ServerAddress,
+    /// A map file changed.
+    Map,
+    /// A certificate was added, renewed or removed.
+    Certificate,
+    /// A general file (an error page...) changed.
+    File,
+    /// Nothing differs that haptic knows of (a retry, a refused runtime patch).
+    Retry,
+}
+
+impl ReloadReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unverified => "unverified",
+            Self::Drift => "drift",
+            Self::Configuration => "configuration",
+            Self::ServerAddress => "server-address",
+            Self::Map => "map",
+            Self::Certificate => "certificate",
+            Self::File => "file",
+            Self::Retry => "retry",
+        }
+    }
+}
+
+/// The first kind of difference (configuration, map, certificate, general file, in that
+/// order) between the files a pod is known to run and the desired ones that calls for a
+/// reload; `pushed` is `None` when what the pod runs is not known.
+pub fn reload_reason(
+    pushed: Option<&crate::files::FileSet>,
+    desired: &crate::files::FileSet,
+    address_changes: AddressChanges,
+) -> ReloadReason {
+    let Some(pushed) = pushed else { return ReloadReason::Unverified };
+    let checksums = |files: &BTreeMap<String, crate::files::RenderedFile>| {
+        files.iter().map(|(n, f)| (n.clone(), f.checksum)).collect::<Vec<_>>()
+    };
+    if pushed.haproxy_cfg.checksum != desired.haproxy_cfg.checksum {
+        let (before, after) = (parse(&pushed.haproxy_cfg.content), parse(&desired.haproxy_cfg.content));
+        match (
+            runtime_difference(&before, &after, address_changes),
+            runtime_difference(&before, &after, AddressChanges::Followed),
+        ) {
+            (None, Some(_)) => return ReloadReason::ServerAddress,
+            (None, None) => return ReloadReason::Configuration,
+            _ => {}
+        }
+    }
+    if checksums(&pushed.maps) != checksums(&desired.maps) {
+        ReloadReason::Map
+    } else if checksums(&pushed.certs) != checksums(&desired.certs) {
+        ReloadReason::Certificate
+    } else if checksums(&pushed.files) != checksums(&desired.files) {
+        ReloadReason::File
+    } else {
+        ReloadReason::Retry
+    }
+}
+
 /// The header value for a runtime push: actions separated by `;`.
 pub fn runtime_actions_header(actions: &[RuntimeAction]) -> String {
     actions.iter().map(ToString::to_string).collect::<Vec<_>>().join(";")
@@ -204,6 +276,36 @@ fn server_difference(
         actions.push(RuntimeAction::SetState { backend, server, ready: !is.disabled });
     }
     Some(actions)
+}
+
+#[cfg(test)]
+mod reload_reasons {
+    use super::*;
+    use crate::files::{FileSet, RenderedFile};
+
+    fn files(config: &str, map: &str) -> FileSet {
+        FileSet {
+            haproxy_cfg: RenderedFile::new(config.into()),
+            maps: BTreeMap::from([("host.map".into(), RenderedFile::new(map.into()))]),
+            files: BTreeMap::new(),
+            certs: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn each_reload_names_the_kind_of_difference_that_needed_it() {
+        let base = files("backend be\n    server s1 10.0.0.1:80\n", "a be\n");
+        let safe = AddressChanges::Followed;
+        assert_eq!(reload_reason(None, &base, safe), ReloadReason::Unverified);
+        assert_eq!(reload_reason(Some(&base), &files("global\n", "a be\n"), safe), ReloadReason::Configuration);
+        assert_eq!(
+            reload_reason(Some(&base), &files("backend be\n    server s1 10.0.0.1:80\n", "b be\n"), safe),
+            ReloadReason::Map
+        );
+        let moved = files("backend be\n    server s1 10.0.0.2:80\n", "a be\n");
+        assert_eq!(reload_reason(Some(&base), &moved, AddressChanges::OnlyOutOfTraffic), ReloadReason::ServerAddress);
+        assert_eq!(reload_reason(Some(&base), &base, safe), ReloadReason::Retry);
+    }
 }
 
 #[cfg(test)]

@@ -56,6 +56,13 @@ pub struct ActionLabels {
     pub action: &'static str,
 }
 
+/// Why a pod was reloaded.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `unverified`, `drift`, `configuration`, `server-address`, `map`, `certificate`, `file`, `retry`.
+    pub reason: &'static str,
+}
+
 /// A pod state, for the gauge of pods per state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -78,8 +85,8 @@ pub struct Metrics {
     pub transitions: Family<TransitionLabels, Counter>,
     /// Deployments by kind and result.
     pub deployments: Family<DeploymentLabels, Counter>,
-    /// HAProxy reloads caused (full deployments that completed).
-    pub reloads: Counter,
+    /// HAProxy reloads caused (full deployments that completed), by the difference that needed one.
+    pub reloads: Family<ReloadLabels, Counter>,
     /// Drift found on a pod that was in sync.
     pub drift_detections: Counter,
     /// Action duration by action (validation durations among them).
@@ -109,7 +116,7 @@ impl Metrics {
             watch_events: Family::default(),
             transitions: Family::default(),
             deployments: Family::default(),
-            reloads: Counter::default(),
+            reloads: Family::default(),
             drift_detections: Counter::default(),
             action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             pods: Family::default(),
@@ -128,7 +135,11 @@ impl Metrics {
         );
         registry.register("pod_transitions", "Pod state machine transitions", metrics.transitions.clone());
         registry.register("deployments", "Deployments to pods by kind and result", metrics.deployments.clone());
-        registry.register("reloads", "HAProxy reloads caused by full deployments", metrics.reloads.clone());
+        registry.register(
+            "reloads",
+            "HAProxy reloads caused by full deployments, by the kind of difference that needed one",
+            metrics.reloads.clone(),
+        );
         registry.register(
             "drift_detections",
             "Pods found differing from what was pushed",
