@@ -444,6 +444,11 @@ fn the_default_library_renders_the_example_ingresses_of_its_class_into_a_config_
     let host_map = std::fs::read_to_string(out.path().join("maps/host-prefix.map"))?;
     ensure!(host_map.contains("shop.example.com/api/ "), "{host_map}");
     ensure!(!host_map.contains("other.example.com"), "an Ingress of another class was routed:\n{host_map}");
+    // Long-lived connections: old workers keep theirs after a reload, tunnels their idle limit.
+    let config = std::fs::read_to_string(out.path().join("haproxy.cfg"))?;
+    for line in ["hard-stop-after 30m", "timeout tunnel 1h"] {
+        ensure!(config.contains(line), "no {line:?} in the library's haproxy.cfg");
+    }
     for haproxy in haproxy_binaries()? {
         let check = Command::new(&haproxy).arg("-c").arg("-f").arg(out.path().join("haproxy.cfg")).output()?;
         ensure!(
