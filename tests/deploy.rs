@@ -587,6 +587,16 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
         .sum();
     let pods = env.pods.len() as f64;
     ensure!(runtime_ok >= 20.0 * pods, "{runtime_ok} runtime deployments counted for {pods} pods × 20 steps");
+    let counted = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|line| line.starts_with(prefix))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    // Each step moves a server in or out of its slot: state and address changes, counted by kind.
+    let state_changes = counted("haptic_runtime_actions_total{kind=\"server-state\"}");
+    ensure!(state_changes >= 20.0 * pods, "{state_changes} server-state runtime actions for {pods} pods × 20 steps");
     for (name, stream) in streams {
         let text = stream.await??;
         // 60 s, a line every 200 ms: cut short, it would have far fewer.

@@ -469,6 +469,11 @@ impl<A: PodActions> PodDriver<A> {
             Action::RuntimePatch => {
                 match async { self.actions.runtime_patch(pod, desired, &self.runtime_actions, base?).await }.await {
                     Ok(Patched::Taken(copy)) => {
+                        let metrics = crate::telemetry::metrics::metrics();
+                        for action in &self.runtime_actions {
+                            let labels = crate::telemetry::metrics::RuntimeActionLabels { kind: action.kind() };
+                            metrics.runtime_actions.get_or_create(&labels).inc();
+                        }
                         self.base_version = Some(copy.version);
                         self.copy = Some(copy);
                         self.patch_in_doubt = false;

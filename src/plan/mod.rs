@@ -50,6 +50,17 @@ pub enum RuntimeAction {
     },
 }
 
+impl RuntimeAction {
+    /// What kind of change it is, as `haptic_runtime_actions_total{kind}` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::SetAddress { .. } => "server-address",
+            Self::SetWeight { .. } => "server-weight",
+            Self::SetState { .. } => "server-state",
+        }
+    }
+}
+
 impl fmt::Display for RuntimeAction {
     /// The action in the Dataplane API's `X-Runtime-Actions` syntax.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

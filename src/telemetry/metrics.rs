@@ -63,6 +63,13 @@ pub struct ReloadLabels {
     pub reason: &'static str,
 }
 
+/// A kind of runtime change.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeActionLabels {
+    /// `server-address`, `server-weight`, `server-state`.
+    pub kind: &'static str,
+}
+
 /// A pod state, for the gauge of pods per state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -87,6 +94,8 @@ pub struct Metrics {
     pub deployments: Family<DeploymentLabels, Counter>,
     /// HAProxy reloads caused (full deployments that completed), by the difference that needed one.
     pub reloads: Family<ReloadLabels, Counter>,
+    /// Runtime changes applied (and read back) without a reload, by kind.
+    pub runtime_actions: Family<RuntimeActionLabels, Counter>,
     /// Drift found on a pod that was in sync.
     pub drift_detections: Counter,
     /// Action duration by action (validation durations among them).
@@ -117,6 +126,7 @@ impl Metrics {
             transitions: Family::default(),
             deployments: Family::default(),
             reloads: Family::default(),
+            runtime_actions: Family::default(),
             drift_detections: Counter::default(),
             action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             pods: Family::default(),
@@ -139,6 +149,11 @@ impl Metrics {
             "reloads",
             "HAProxy reloads caused by full deployments, by the kind of difference that needed one",
             metrics.reloads.clone(),
+        );
+        registry.register(
+            "runtime_actions",
+            "Runtime changes applied and read back without a reload, by kind",
+            metrics.runtime_actions.clone(),
         );
         registry.register(
             "drift_detections",
