@@ -276,6 +276,10 @@ async fn a_blackholed_leader_writes_nothing_once_its_lease_could_be_taken_over_f
         if name == "replica-a" {
             wait_until_leading(&api, true, Duration::from_secs(30)).await.with_context(|| process.log_tail())?;
             process.wait_all_in_sync(1, Duration::from_secs(30)).await?;
+            // One fleet per term: a render that saw the leadership first started it, and the
+            // leadership change that followed must not stop and start it again.
+            let starts = process.log_text().matches("fleet started").count();
+            ensure!(starts == 1, "the fleet was started {starts} times in one term:\n{}", process.log_tail());
         }
         replicas.push((name, proxy, process, api));
     }

@@ -40,6 +40,11 @@ impl Deployer {
         Self { journal, term, fence, fleet: None }
     }
 
+    /// The leader term this fleet deploys in.
+    pub(crate) fn term(&self) -> LeaderTerm {
+        self.term
+    }
+
     /// Hands a successful render and the current pods to the fleet, starting it on first use:
     /// it deploys to the pods that can be deployed to, and keeps the journal records of all.
     pub(crate) fn deploy(

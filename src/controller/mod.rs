@@ -293,6 +293,11 @@ pub async fn run(
                     continue;
                 }
                 let now = *leadership.borrow_and_update();
+                // A render may have started this term's fleet already (it saw the leadership
+                // before this arm did): that fleet stays.
+                if deployer.as_ref().is_some_and(|d| now == Leadership::Leader(d.term())) {
+                    continue;
+                }
                 // Losing the lease, or a new term, stops every push at once: in-flight actions
                 // are abandoned, and the journal (written before each action) says where each
                 // pod was left; the next leader verifies before trusting it.
