@@ -249,7 +249,11 @@ pub async fn run(
                         // Server names carry over: from the version in force, else from the journal.
                         match (&active, &journal) {
                             (Some(previous), _) => next.renderer.seed_slots(previous.renderer.slots()),
-                            (None, Some(journal)) => next.renderer.seed_slots(journal.slots(&config_key)),
+                            (None, Some(journal)) => {
+                                let (journal, key) = (journal.clone(), config_key.clone());
+                                let slots = tokio::task::spawn_blocking(move || journal.slots(&key)).await;
+                                next.renderer.seed_slots(slots.unwrap_or_default());
+                            }
                             (None, None) => {}
                         }
                         let settings = debounce_settings(&next.spec);

@@ -73,7 +73,7 @@ pub async fn run<A: PodActions>(
                 info!(pod = %driver.target.name, %uid, "pod cannot be deployed to now: driver stopped");
             }
         }
-        forget_deleted(&journal, &current.present);
+        forget_deleted(&journal, &current.present).await;
         for (uid, target) in wanted {
             if running.contains_key(&uid) {
                 continue;
@@ -115,8 +115,9 @@ pub async fn run<A: PodActions>(
     }
 }
 
-/// Forgets the journal records of pods that no longer exist.
-fn forget_deleted(journal: &Journal, present: &BTreeSet<PodUid>) {
+/// Forgets the journal records of pods that no longer exist (the records are read from the
+/// journal's memory; forgetting writes to disk, on the blocking pool).
+async fn forget_deleted(journal: &Arc<Journal>, present: &BTreeSet<PodUid>) {
     let known = match journal.pods() {
         Ok(known) => known,
         Err(error) => {
@@ -124,11 +125,21 @@ fn forget_deleted(journal: &Journal, present: &BTreeSet<PodUid>) {
             return;
         }
     };
-    for pod in known.into_iter().filter(|pod| !present.contains(&pod.uid)) {
-        match journal.forget(&pod.uid) {
-            Ok(()) => info!(pod = %pod.name, uid = %pod.uid, "pod deleted: journal record forgotten"),
-            Err(error) => warn!(uid = %pod.uid, %error, "could not forget a deleted pod"),
+    let gone: Vec<_> = known.into_iter().filter(|pod| !present.contains(&pod.uid)).collect();
+    if gone.is_empty() {
+        return;
+    }
+    let journal = Arc::clone(journal);
+    let forgotten = tokio::task::spawn_blocking(move || {
+        for pod in gone {
+            match journal.forget(&pod.uid) {
+                Ok(()) => info!(pod = %pod.name, uid = %pod.uid, "pod deleted: journal record forgotten"),
+                Err(error) => warn!(uid = %pod.uid, %error, "could not forget a deleted pod"),
+            }
         }
+    });
+    if let Err(failure) = forgotten.await {
+        warn!(%failure, "forgetting deleted pods failed");
     }
 }
 
