@@ -211,6 +211,8 @@ struct PodView {
     pushed_checksums: Option<Vec<FileChecksum>>,
     last_transition: TransitionView,
     last_error: Option<String>,
+    /// When the pod's next reload, waiting for the pace (`minDeploymentInterval`), may go out.
+    reload_paced_until: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -219,7 +221,7 @@ struct FileChecksum {
     checksum: String,
 }
 
-fn pod_view(pod: &JournaledPod, current: Option<&CurrentRender>) -> PodView {
+fn pod_view(pod: &JournaledPod, current: Option<&CurrentRender>, paced: Option<std::time::SystemTime>) -> PodView {
     let checksums = |files: &[(String, crate::files::Checksum)]| {
         files.iter().map(|(name, c)| FileChecksum { name: name.clone(), checksum: c.to_string() }).collect()
     };
@@ -234,6 +236,9 @@ fn pod_view(pod: &JournaledPod, current: Option<&CurrentRender>) -> PodView {
         pushed_checksums: pod.pushed.as_deref().map(checksums),
         last_transition: TransitionView::from(&pod.last_transition),
         last_error: pod.last_transition.error.clone(),
+        reload_paced_until: paced
+            .and_then(|until| k8s_openapi::jiff::Timestamp::try_from(until).ok())
+            .map(|until| until.to_string()),
     }
 }
 
@@ -256,7 +261,8 @@ fn pods_now(state: &ApiState) -> Response {
     match journal.pods() {
         Ok(pods) => {
             let current = state.current();
-            let mut views: Vec<PodView> = pods.iter().map(|pod| pod_view(pod, current.as_ref())).collect();
+            let mut views: Vec<PodView> =
+                pods.iter().map(|pod| pod_view(pod, current.as_ref(), journal.paced(&pod.uid))).collect();
             views.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
             Json(json!({"pods": views})).into_response()
         }
@@ -312,8 +318,8 @@ fn pod_now(state: &ApiState, namespace: &str, name: &str, after: u64, limit: usi
         Ok(transitions) => {
             let next = (transitions.len() == limit).then(|| transitions.last().map(|t| t.seq)).flatten();
             let transitions: Vec<TransitionView> = transitions.iter().map(TransitionView::from).collect();
-            Json(json!({"pod": pod_view(found, state.current().as_ref()), "transitions": transitions, "nextAfter": next}))
-                .into_response()
+            let view = pod_view(found, state.current().as_ref(), journal.paced(&found.uid));
+            Json(json!({"pod": view, "transitions": transitions, "nextAfter": next})).into_response()
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
@@ -414,7 +420,8 @@ pub fn openapi() -> serde_json::Value {
                 "desiredChecksums": {"type": "array", "nullable": true, "items": {"$ref": "#/components/schemas/Checksum"}},
                 "pushedChecksums": {"type": "array", "nullable": true, "items": {"$ref": "#/components/schemas/Checksum"}},
                 "lastTransition": {"$ref": "#/components/schemas/Transition"},
-                "lastError": {"type": "string", "nullable": true}}}
+                "lastError": {"type": "string", "nullable": true},
+                "reloadPacedUntil": {"type": "string", "nullable": true}}}
         }}
     });
     // Everything is behind a Kubernetes bearer token (see `authorize`).

@@ -355,16 +355,22 @@ impl<A: PodActions> PodDriver<A> {
                     let runtime_only = planned.is_some();
                     if !runtime_only && let Some(until) = self.reload_paced_until() {
                         // Renders arriving meanwhile only replace `self.desired`: one reload.
+                        // The API shows the pod waiting, until when.
                         paced_until = Some(until);
+                        let wall = std::time::SystemTime::now() + until.saturating_duration_since(Instant::now());
+                        self.journal.set_paced(&self.target.uid, Some(wall));
                         continue;
                     }
-                    paced_until = None;
+                    if paced_until.take().is_some() {
+                        self.journal.set_paced(&self.target.uid, None);
+                    }
                     self.runtime_actions = planned.unwrap_or_default();
                     let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only };
                     (event, Cause::DesiredChanged)
                 }
                 _ = sleep_until(paced_until), if paced_until.is_some() => {
                     paced_until = None;
+                    self.journal.set_paced(&self.target.uid, None);
                     let planned = self.runtime_plan();
                     let runtime_only = planned.is_some();
                     self.runtime_actions = planned.unwrap_or_default();
@@ -936,6 +942,7 @@ mod tests {
         for tag in ["b", "c", "d"] {
             h.desired_tx.send(desired(tag)).unwrap();
             tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(h.journal.paced(&target().uid).is_some(), "the pod is shown waiting for the pace");
         }
         h.until("the last render pushed", |p| p.pushed == Some(desired("d").checksums.clone())).await;
         assert!(
@@ -943,6 +950,7 @@ mod tests {
             "pushed {:?} after the first",
             first_push.elapsed()
         );
+        assert_eq!(h.journal.paced(&target().uid), None, "no longer waiting once pushed");
         assert_eq!(h.fake.calls().iter().filter(|c| *c == "push").count(), 2, "{:?}", h.fake.calls());
         h.stop().await;
     }

@@ -205,6 +205,10 @@ pub struct Journal {
     /// Every pod's current record, as last committed: read by the API and the status every
     /// second, from memory (decoded once at open, replaced at each commit), never from disk.
     snapshot: std::sync::RwLock<std::collections::BTreeMap<String, JournaledPod>>,
+    /// Pods whose next reload waits for the pace (`minDeploymentInterval`), until when: where
+    /// a pod stands between two transitions, kept in memory only (a restart forgets it, and
+    /// the pod's driver sets it again).
+    paced: std::sync::RwLock<std::collections::BTreeMap<String, SystemTime>>,
 }
 
 /// sled's default cache is 1 GiB; the journal's working set is a few records per pod.
@@ -285,6 +289,7 @@ impl Journal {
             db,
             retention: retention.max(1),
             snapshot: Default::default(),
+            paced: Default::default(),
         };
         let schema = match journal.db.get(SCHEMA_KEY).map_err(store("reading the schema version"))? {
             None if journal.pods.is_empty() => {
@@ -427,6 +432,21 @@ impl Journal {
         Ok(self.snapshot.read().ok().and_then(|snapshot| snapshot.get(&uid.0).cloned()))
     }
 
+    /// Notes that a pod's next reload waits until `until` (`None`: it no longer waits).
+    pub fn set_paced(&self, uid: &PodUid, until: Option<SystemTime>) {
+        if let Ok(mut paced) = self.paced.write() {
+            match until {
+                Some(until) => paced.insert(uid.0.clone(), until),
+                None => paced.remove(&uid.0),
+            };
+        }
+    }
+
+    /// Until when a pod's next reload waits for the pace, if it does.
+    pub fn paced(&self, uid: &PodUid) -> Option<SystemTime> {
+        self.paced.read().ok().and_then(|paced| paced.get(&uid.0).copied())
+    }
+
     /// Every pod the journal knows, in UID order (from memory: what the last commits wrote).
     pub fn pods(&self) -> Result<Vec<JournaledPod>, JournalError> {
         Ok(self.snapshot.read().map(|snapshot| snapshot.values().cloned().collect()).unwrap_or_default())
@@ -457,6 +477,7 @@ impl Journal {
         if let Ok(mut snapshot) = self.snapshot.write() {
             snapshot.remove(&uid.0);
         }
+        self.set_paced(uid, None);
         self.uploads.remove(uid.0.as_bytes()).map_err(|source| self.store("forgetting a pod's uploads", source))?;
         for key in self.log.scan_prefix(log_prefix(uid)).keys() {
             let key = key.map_err(|source| self.store("forgetting a pod's log", source))?;
