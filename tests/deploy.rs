@@ -721,3 +721,42 @@ async fn an_endpoint_moving_port_reaches_clients_whose_request_was_in_flight_on_
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn new_hosts_every_600_ms_reload_each_pod_at_most_once_per_pace_and_every_host_is_served() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let client = env.kube_client().await?;
+    let namespace = library_namespace(env, &client, "burst").await?;
+    let work = tempfile::tempdir()?;
+    let address = backend_host_address()?;
+    let _backends = start_backends(work.path(), &address, &[("blue".into(), 18310)])?;
+    service_with_endpoints(&client, &namespace, "blue", &address, 18310).await?;
+    apply_library_config_for_pods(&client, &namespace, "burst").await?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    ingresses.create(&PostParams::default(), &ingress_to("first", "first.burst.example", "blue")?).await?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    every_pod_answers(env, "first.burst.example", "blue").await?;
+
+    // Eight new hosts (each a new backend: a reload), 600 ms apart: past the debouncer's 500 ms
+    // quiet window, so each is a render of its own. Unpaced that is 8 reloads per pod; with the
+    // chart's 2 s pace, a reload at most every 2 s over the 4.8 s: at most 4.
+    let before = writes_of_every_pod().await?;
+    for i in 0..8 {
+        let host = format!("h{i}.burst.example");
+        ingresses.create(&PostParams::default(), &ingress_to(&format!("h{i}"), &host, "blue")?).await?;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    for i in 0..8 {
+        every_pod_answers(env, &format!("h{i}.burst.example"), "blue").await?;
+    }
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let after = writes_of_every_pod().await?;
+    for ((pod, before), after) in env.pods.iter().zip(&before).zip(&after) {
+        let reloads = after.reloads - before.reloads;
+        println!("{}: {reloads} reloads for 8 new hosts 600 ms apart", pod.name);
+        ensure!((1..=4).contains(&reloads), "{}: {reloads} reloads for 8 new hosts 600 ms apart", pod.name);
+    }
+    Ok(())
+}
