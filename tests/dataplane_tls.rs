@@ -201,3 +201,35 @@ async fn a_pod_requiring_a_client_certificate_says_so_when_none_is_given_and_the
     ensure!(read(&pods[0].config_file)?.contains(&format!("# test {tag}")), "haproxy-tls deployed");
     Ok(())
 }
+
+#[test]
+fn haptic_probe_speaks_tls_with_a_ca_a_client_certificate_and_a_server_name_and_names_a_wrong_ca() -> Result<()> {
+    let env = env::environment();
+    let probe = |pod: &EnvPod, ca: &Path, client: bool| -> Result<std::process::Output> {
+        let tls = pod.tls.as_ref().context("a TLS pod")?;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_haptic"));
+        command
+            .args(["probe", &pod.dataplane_url, "--username", &env.dataplane.username, "--ca-file"])
+            .arg(ca)
+            .args(["--server-name", &tls.server_name])
+            .env("HAPTIC_DATAPLANE_PASSWORD", &env.dataplane.password);
+        if client {
+            command.arg("--client-cert").arg(&tls.client_crt).arg("--client-key").arg(&tls.client_key);
+        }
+        Ok(command.output()?)
+    };
+    for name in ["haproxy-tls", "haproxy-mtls"] {
+        let pod = tls_pod(env, name);
+        let ca = pod.tls.as_ref().context("a TLS pod")?.ca_crt.clone();
+        let answered = probe(pod, &ca, true)?;
+        let stdout = String::from_utf8_lossy(&answered.stdout);
+        ensure!(answered.status.success() && stdout.contains("dataplane_api: v3.2.7"), "{name}: {stdout}");
+    }
+    let pod = tls_pod(env, "haproxy-tls");
+    let wrong_ca = env.kubeconfig.parent().context("kubeconfig dir")?.join("pki/ca.crt");
+    let refused = probe(pod, &wrong_ca, false)?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(!refused.status.success() && stderr.contains("UnknownIssuer") && stderr.contains(&pod.ip), "{stderr}");
+    ensure!(!stderr.contains(&env.dataplane.password), "the password reached the error");
+    Ok(())
+}
