@@ -250,8 +250,8 @@ pub async fn run(
                         match (&active, &journal) {
                             (Some(previous), _) => next.renderer.seed_slots(previous.renderer.slots()),
                             (None, Some(journal)) => {
-                                let (journal, key) = (journal.clone(), config_key.clone());
-                                let slots = tokio::task::spawn_blocking(move || journal.slots(&key)).await;
+                                let key = config_key.clone();
+                                let slots = crate::journal::on_blocking_pool(journal, move |j| Ok(j.slots(&key))).await;
                                 next.renderer.seed_slots(slots.unwrap_or_default());
                             }
                             (None, None) => {}
@@ -342,12 +342,8 @@ pub async fn run(
                     let slots = active.renderer.slots();
                     if slots != saved_slots {
                         // An fsync: on the blocking pool, not this loop's thread.
-                        let (journal, key, kept) = (journal.clone(), config_key.clone(), slots.clone());
-                        let saved = tokio::task::spawn_blocking(move || journal.put_slots(&key, &kept))
-                            .await
-                            .map_err(|panicked| panicked.to_string())
-                            .and_then(|result| result.map_err(|error| error.to_string()));
-                        match saved {
+                        let (key, kept) = (config_key.clone(), slots.clone());
+                        match crate::journal::on_blocking_pool(journal, move |j| j.put_slots(&key, &kept)).await {
                             Ok(()) => saved_slots = slots,
                             Err(error) => warn!(%error, "could not journal the server slots"),
                         }

@@ -27,7 +27,7 @@ use crate::dataplane::{
     StorageKind, StoredConfig, WriteGuard,
 };
 use crate::files::Checksum;
-use crate::journal::{Journal, PodUid};
+use crate::journal::{Journal, PodUid, on_blocking_pool};
 use crate::plan::{AddressChanges, RuntimeAction, runtime_actions_header};
 
 /// How long a reload may take before the push counts as failed.
@@ -109,21 +109,9 @@ impl DataplaneActions {
         original: Option<&str>,
     ) -> Result<(), ActionError> {
         let (uid, name, original) = (uid.clone(), name.to_owned(), original.map(|o| o.as_bytes().to_vec()));
-        self.on_journal(move |journal| journal.record_upload(&uid, kind, &name, original.as_deref()))
+        on_blocking_pool(&self.journal, move |journal| journal.record_upload(&uid, kind, &name, original.as_deref()))
             .await
             .map_err(ActionError::Failed)
-    }
-
-    /// Runs journal work (an fsync, a read of the store) on the blocking pool: no async worker,
-    /// which lease renewal shares, waits on the disk.
-    async fn on_journal<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&Journal) -> Result<T, crate::journal::JournalError> + Send + 'static,
-    ) -> Result<T, String> {
-        let journal = Arc::clone(&self.journal);
-        tokio::task::spawn_blocking(move || work(&journal).map_err(|error| error.to_string()))
-            .await
-            .unwrap_or_else(|panicked| Err(format!("journal work panicked: {panicked}")))
     }
 }
 
@@ -351,7 +339,9 @@ impl PodActions for DataplaneActions {
         }
         // Pushed: what validation uploaded is what the pod runs now.
         let uid = pod.uid.clone();
-        self.on_journal(move |journal| journal.settle_uploads(&uid, &[])).await.map_err(ActionError::Failed)?;
+        on_blocking_pool(&self.journal, move |journal| journal.settle_uploads(&uid, &[]))
+            .await
+            .map_err(ActionError::Failed)?;
         Ok(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version })
     }
 
@@ -403,7 +393,7 @@ impl PodActions for DataplaneActions {
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
         let client = self.client(pod).map_err(|e| e.to_string())?;
         let uid = pod.uid.clone();
-        let pending = self.on_journal(move |journal| journal.pending_uploads(&uid)).await?;
+        let pending = on_blocking_pool(&self.journal, move |journal| journal.pending_uploads(&uid)).await?;
         // Every file is put back that can be; those that cannot stay recorded for next time.
         let mut errors = Vec::new();
         let mut left = Vec::new();
@@ -421,7 +411,7 @@ impl PodActions for DataplaneActions {
             }
         }
         let uid = pod.uid.clone();
-        self.on_journal(move |journal| journal.settle_uploads(&uid, &left)).await?;
+        on_blocking_pool(&self.journal, move |journal| journal.settle_uploads(&uid, &left)).await?;
         if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
     }
 }

@@ -543,10 +543,7 @@ impl<A: PodActions> PodDriver<A> {
         };
         // The commit fsyncs: it runs on the blocking pool, so no async worker (lease renewal
         // shares them) waits on the disk.
-        let journal = Arc::clone(&self.journal);
-        let committed = tokio::task::spawn_blocking(move || journal.commit(&record).map_err(|error| error.to_string()))
-            .await
-            .unwrap_or_else(|panicked| Err(format!("the journal commit panicked: {panicked}")));
+        let committed = crate::journal::on_blocking_pool(&self.journal, move |journal| journal.commit(&record)).await;
         if let Err(error) = committed {
             // Never act on a transition that is not on disk: retry the step later.
             error!(pod = %self.target.name, %error, "journal commit failed; the action waits for a retry");

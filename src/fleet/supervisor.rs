@@ -129,14 +129,14 @@ async fn forget_deleted(journal: &Arc<Journal>, present: &BTreeSet<PodUid>) {
     if gone.is_empty() {
         return;
     }
-    let journal = Arc::clone(journal);
-    let forgotten = tokio::task::spawn_blocking(move || {
+    let forgotten = crate::journal::on_blocking_pool(journal, move |journal| {
         for pod in gone {
             match journal.forget(&pod.uid) {
                 Ok(()) => info!(pod = %pod.name, uid = %pod.uid, "pod deleted: journal record forgotten"),
                 Err(error) => warn!(uid = %pod.uid, %error, "could not forget a deleted pod"),
             }
         }
+        Ok(())
     });
     if let Err(failure) = forgotten.await {
         warn!(%failure, "forgetting deleted pods failed");

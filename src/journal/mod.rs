@@ -217,6 +217,19 @@ const SCHEMA_KEY: &[u8] = b"schema";
 /// Lock attempts 50 ms apart before a held lock is reported (another process holds it).
 const LOCK_RETRIES: u32 = 20;
 
+/// Runs journal work (an fsync, a read of the store) on tokio's blocking pool and awaits it:
+/// no async worker, which lease renewal shares, waits on the disk. The error is the work's, or
+/// the work's panic, as text.
+pub async fn on_blocking_pool<T: Send + 'static>(
+    journal: &std::sync::Arc<Journal>,
+    work: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,
+) -> Result<T, String> {
+    let journal = std::sync::Arc::clone(journal);
+    tokio::task::spawn_blocking(move || work(&journal).map_err(|error| error.to_string()))
+        .await
+        .unwrap_or_else(|panicked| Err(format!("journal work panicked: {panicked}")))
+}
+
 impl Journal {
     /// Opens (or creates) the journal in `dir`, keeping the last `retention` transitions per
     /// pod. An unreadable journal is moved aside to `<dir>.unreadable-<unix seconds>` and a
