@@ -364,18 +364,13 @@ impl<A: PodActions> PodDriver<A> {
                     if paced_until.take().is_some() {
                         self.journal.set_paced(&self.target.uid, None);
                     }
-                    self.runtime_actions = planned.unwrap_or_default();
-                    let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only };
-                    (event, Cause::DesiredChanged)
+                    (self.desired_changed(planned), Cause::DesiredChanged)
                 }
                 _ = sleep_until(paced_until), if paced_until.is_some() => {
                     paced_until = None;
                     self.journal.set_paced(&self.target.uid, None);
                     let planned = self.runtime_plan();
-                    let runtime_only = planned.is_some();
-                    self.runtime_actions = planned.unwrap_or_default();
-                    let event = Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only };
-                    (event, Cause::DesiredChanged)
+                    (self.desired_changed(planned), Cause::DesiredChanged)
                 }
                 _ = sleep_until(retry_at), if retry_at.is_some() => {
                     retry_at = None;
@@ -576,6 +571,14 @@ impl<A: PodActions> PodDriver<A> {
 }
 
 impl<A: PodActions> PodDriver<A> {
+    /// The machine's event for the desired files, planned as `planned` (runtime actions, or
+    /// `None` for a full sync); the actions are kept for the patch it may lead to.
+    fn desired_changed(&mut self, planned: Option<Vec<RuntimeAction>>) -> Event {
+        let runtime_only = planned.is_some();
+        self.runtime_actions = planned.unwrap_or_default();
+        Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only }
+    }
+
     /// Until when a reload must wait, if the last one was less than the pace ago.
     fn reload_paced_until(&self) -> Option<Instant> {
         let until = self.last_reload? + self.settings.min_reload_interval;
