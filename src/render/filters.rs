@@ -122,40 +122,40 @@ pub(crate) fn map_key(value: &str) -> Result<String, Error> {
 /// than written into a map. A `'` is refused too, though a URL may hold one bare: in
 /// `haproxy.cfg` it would open a quote (found by the fuzz target); `%27` is the same path.
 pub(crate) fn url_path(value: &str) -> Result<String, Error> {
+    match url_path_flaw(value) {
+        None => Ok(value.to_owned()),
+        Some(why) => Err(refuse(value, format!("url_path: the value is not a URL path: {why}"))),
+    }
+}
+
+/// What keeps `value` from being a URL path, if anything.
+fn url_path_flaw(value: &str) -> Option<String> {
+    if !value.starts_with('/') {
+        return Some("it does not start with /".into());
+    }
     let bytes = value.as_bytes();
     let mut index = 0;
-    let mut flaw_found: Option<String> = None;
-    if !value.starts_with('/') {
-        flaw_found = Some("it does not start with /".into());
-    }
-    while flaw_found.is_none() && index < bytes.len() {
-        let byte = bytes[index];
-        match byte {
+    while index < bytes.len() {
+        match bytes[index] {
             b'%' if bytes.get(index + 1..index + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) => {
                 index += 3;
                 continue;
             }
-            b'%' => flaw_found = Some("it holds a % not followed by two hex digits".into()),
+            b'%' => return Some("it holds a % not followed by two hex digits".into()),
             b if b.is_ascii_alphanumeric() || b"-._~!$&()*+,;=:@/".contains(&b) => {}
             _ => {
                 let c = value[index..].chars().next().unwrap_or('?');
-                flaw_found = Some(match forbidden_char(&c.to_string()) {
-                    Some(control) => format!("it holds {}", describe(control)),
-                    None if c == ' ' => "it holds a space".into(),
-                    None if c.is_ascii() => format!("it holds {c:?}, which no URL path has"),
-                    None => format!("it holds the character U+{:04X}, which a URL path has only %-encoded", c as u32),
+                return Some(match c {
+                    c if c.is_control() => format!("it holds {}", describe(c)),
+                    ' ' => "it holds a space".into(),
+                    c if c.is_ascii() => format!("it holds {c:?}, which no URL path has"),
+                    c => format!("it holds the character U+{:04X}, which a URL path has only %-encoded", c as u32),
                 });
             }
         }
         index += 1;
     }
-    if flaw_found.is_none() && value.len() > MAP_KEY_LIMIT {
-        flaw_found = Some(format!("it is {} bytes long", value.len()));
-    }
-    match flaw_found {
-        None => Ok(value.to_owned()),
-        Some(why) => Err(refuse(value, format!("url_path: the value is not a URL path: {why}"))),
-    }
+    (value.len() > MAP_KEY_LIMIT).then(|| format!("it is {} bytes long", value.len()))
 }
 
 /// `value | bare_word`: the value written as it stands, when it is one HAProxy word that no
@@ -190,13 +190,12 @@ pub(crate) fn haproxy_duration(value: &str) -> Result<String, Error> {
         "d" => 86_400_000_000,
         _ => 0,
     };
+    let well_formed = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && microseconds_per_unit > 0;
     let fits = digits.len() <= 20
         && digits.parse::<u128>().is_ok_and(|n| n * microseconds_per_unit <= i32::MAX as u128 * 1_000);
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && microseconds_per_unit > 0 && fits {
+    if well_formed && fits {
         Ok(value.to_owned())
-    } else if digits.len() > 20
-        || (microseconds_per_unit > 0 && digits.bytes().all(|b| b.is_ascii_digit()) && !digits.is_empty())
-    {
+    } else if well_formed {
         Err(refuse(original, "haproxy_duration: the value is longer than HAProxy's longest time (24 days)".into()))
     } else {
         Err(refuse(
