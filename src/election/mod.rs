@@ -124,13 +124,18 @@ pub fn judge(
     grace: Duration,
 ) -> Leadership {
     let Some(seen) = seen else { return Leadership::Follower };
-    let (Some(renewed), Some(duration)) = (seen.renewed, seen.duration) else { return Leadership::Follower };
-    let safe_until = (renewed + duration).checked_sub(step_down_margin(grace));
+    let safe_until = lead_until(seen, grace);
     if lock_held && seen.holder.as_deref() == Some(identity) && safe_until.is_some_and(|until| now < until) {
         Leadership::Leader(LeaderTerm(seen.transitions))
     } else {
         Leadership::Follower
     }
+}
+
+/// Until when, by the renewing replica's clock, the Lease as `seen` lets its holder lead: the
+/// last renewal plus the lease duration minus the step-down margin.
+fn lead_until(seen: &LeaseSeen, grace: Duration) -> Option<SystemTime> {
+    (seen.renewed? + seen.duration?).checked_sub(step_down_margin(grace))
 }
 
 /// Until when, on the monotonic clock, a leader that saw the Lease as `seen` (at `wall_now`
@@ -142,8 +147,7 @@ pub fn writable_until(
     wall_now: SystemTime,
     mono_now: tokio::time::Instant,
 ) -> Option<tokio::time::Instant> {
-    let safe_until = (seen.renewed? + seen.duration?).checked_sub(step_down_margin(grace))?;
-    let left = safe_until.duration_since(wall_now).ok()?;
+    let left = lead_until(seen, grace)?.duration_since(wall_now).ok()?;
     Some(mono_now + left)
 }
 
