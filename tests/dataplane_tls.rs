@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd, own_template};
+use env::controller::{ControllerProcess, Launch, deployment_namespace_with, own_template};
 use env::{EnvPod, Manifest};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
@@ -35,27 +35,14 @@ async fn tls_namespace(
     tls_data: serde_json::Value,
     tag: &str,
 ) -> Result<(kube::Client, String)> {
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace_with(&client, test, pods).await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let server_name = pods[0].tls.as_ref().context("a TLS pod")?.server_name.clone();
+    let dataplane = json!({"driftPreventionInterval": "60s",
+                           "tls": {"secretRef": {"name": "dataplane-tls"}, "serverName": server_name}});
+    let templates = json!({"haproxyConfig": own_template(env, tag, ""), "maps": {"tag.map": format!("{tag} 1\n")}});
+    let (client, namespace) = deployment_namespace_with(env, test, pods, dataplane, templates).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let secret = serde_json::from_value(json!({"metadata": {"name": "dataplane-tls"}, "stringData": tls_data}))?;
     secrets.create(&PostParams::default(), &secret).await?;
-    let server_name = pods[0].tls.as_ref().context("a TLS pod")?.server_name.clone();
-    create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": "60s",
-                          "tls": {"secretRef": {"name": "dataplane-tls"}, "serverName": server_name}},
-            "templates": {"haproxyConfig": own_template(env, tag, ""), "maps": {"tag.map": format!("{tag} 1\n")}}
-        }),
-    )
-    .await?;
     Ok((client, namespace))
 }
 

@@ -242,22 +242,14 @@ fn logged_writes(log: &str) -> Vec<LoggedWrite> {
 async fn a_blackholed_leader_writes_nothing_once_its_lease_could_be_taken_over_five_times_running() -> Result<()> {
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
     let pod = env.pods[0].clone();
-    let namespace = env.fresh_namespace_with(&client, "fenced", std::slice::from_ref(&pod)).await?;
-    env::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
     let tag = format!("fenced-{}", std::process::id());
-    create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": "1s"},
-            "templates": {"haproxyConfig": env::controller::own_template(env, &tag, "")}
-        }),
+    let (client, namespace) = env::controller::deployment_namespace_with(
+        env,
+        "fenced",
+        std::slice::from_ref(&pod),
+        json!({"driftPreventionInterval": "1s"}),
+        json!({"haproxyConfig": env::controller::own_template(env, &tag, "")}),
     )
     .await?;
 

@@ -64,10 +64,26 @@ pub async fn deployment_test_namespace(
     template: &str,
     drift: &str,
 ) -> Result<(kube::Client, String)> {
+    let dataplane = serde_json::json!({"driftPreventionInterval": drift});
+    deployment_namespace_with(env, test, &env.pods, dataplane, serde_json::json!({"haproxyConfig": template})).await
+}
+
+/// A namespace of its own for a deployment test on `pods`: the Dataplane credentials Secret
+/// `dataplane`, and the configuration `test` watching the namespace's Ingresses, with these
+/// `dataplane` settings (beside the credentials) and `templates`.
+pub async fn deployment_namespace_with(
+    env: &Manifest,
+    test: &str,
+    pods: &[super::EnvPod],
+    dataplane: serde_json::Value,
+    templates: serde_json::Value,
+) -> Result<(kube::Client, String)> {
     let client = env.kube_client().await?;
     ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace(&client, test).await?;
+    let namespace = env.fresh_namespace_with(&client, test, pods).await?;
     super::fixtures::dataplane_secret(&client, &namespace, &env.dataplane.username, &env.dataplane.password).await?;
+    let mut dataplane = dataplane;
+    dataplane["credentialsSecretRef"] = serde_json::json!({"name": "dataplane"});
     create_test_config(
         &client,
         &namespace,
@@ -75,8 +91,8 @@ pub async fn deployment_test_namespace(
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
             "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
                                                "namespaces": [namespace]}},
-            "dataplane": {"credentialsSecretRef": {"name": "dataplane"}, "driftPreventionInterval": drift},
-            "templates": {"haproxyConfig": template}
+            "dataplane": dataplane,
+            "templates": templates
         }),
     )
     .await?;
