@@ -6,6 +6,13 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// The general file, beside the others on each pod, that names the content of every
+/// certificate the last deployment left there. The Dataplane API never gives a certificate
+/// back, and a renewed certificate keeps its name, so this is how a verification knows which
+/// content a certificate file has. Written after the certificates themselves, so it never
+/// claims more than the pod has; no render may name a file so.
+pub const CERTIFICATE_MANIFEST: &str = "haptic-certificates.sum";
+
 /// SHA-256 of a file's content; the identity of what a pod was given.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Checksum([u8; 32]);

@@ -155,6 +155,42 @@ pub fn parse_runtime_server(body: &str) -> Result<RuntimeServer, String> {
     Ok(RuntimeServer { address: answer.address, port: answer.port, admin_state: answer.admin_state })
 }
 
+/// Parses a running map's entries (`GET /services/haproxy/runtime/maps/{map}/entries`), as
+/// key and value pairs in the order HAProxy lists them.
+pub fn parse_map_entries(body: &str) -> Result<Vec<(String, String)>, String> {
+    #[derive(Deserialize)]
+    struct Entry {
+        key: String,
+        #[serde(default)]
+        value: String,
+    }
+    let entries: Vec<Entry> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+    Ok(entries.into_iter().map(|entry| (entry.key, entry.value)).collect())
+}
+
+/// Parses the SHA-1 fingerprint of a certificate as the running HAProxy holds it
+/// (`GET /services/haproxy/runtime/ssl_certs/{path}`).
+pub fn parse_certificate_sha1(body: &str) -> Result<String, String> {
+    #[derive(Deserialize)]
+    struct Certificate {
+        #[serde(default)]
+        sha1_finger_print: String,
+    }
+    let answer: Certificate = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+    Ok(answer.sha1_finger_print)
+}
+
+/// Parses the path a stored certificate has on the pod (`file` of a storage answer).
+pub fn parse_stored_file(body: &str) -> Result<String, String> {
+    #[derive(Deserialize)]
+    struct Stored {
+        #[serde(default)]
+        file: String,
+    }
+    let answer: Stored = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+    if answer.file.is_empty() { Err(format!("no file in {}", excerpt(body))) } else { Ok(answer.file) }
+}
+
 /// Parses the list of reloads (`GET /services/haproxy/reloads`).
 pub fn parse_reloads(body: &str) -> Result<Vec<Reload>, String> {
     let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;

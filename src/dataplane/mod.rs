@@ -463,6 +463,73 @@ impl DataplaneClient {
         answers::parse_runtime_server(&body).map_err(|detail| self.unreadable(&path, detail))
     }
 
+    /// `GET /services/haproxy/runtime/maps/{map}/entries`: a map as the running HAProxy has it.
+    pub async fn runtime_map_entries(&self, map: &str) -> Result<Vec<(String, String)>, DataplaneError> {
+        let path = format!("services/haproxy/runtime/maps/{}/entries", segment(map));
+        let (_, body) = self.send_expecting(Method::GET, &path, None, &[StatusCode::OK]).await?;
+        answers::parse_map_entries(&body).map_err(|detail| self.unreadable(&path, detail))
+    }
+
+    /// `add map`: an entry the running map does not have (the file is not touched).
+    pub async fn add_runtime_map_entry(&self, map: &str, key: &str, value: &str) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/maps/{}/entries", segment(map));
+        let body = serde_json::json!({"key": key, "value": value}).to_string();
+        self.send_json(Method::POST, &path, body, &[StatusCode::CREATED]).await
+    }
+
+    /// `set map`: a new value for an entry the running map has (the file is not touched).
+    pub async fn set_runtime_map_entry(&self, map: &str, key: &str, value: &str) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/maps/{}/entries/{}", segment(map), segment(key));
+        let body = serde_json::json!({"key": key, "value": value}).to_string();
+        self.send_json(Method::PUT, &path, body, &[StatusCode::OK]).await
+    }
+
+    /// `del map`: removes an entry from the running map (the file is not touched).
+    pub async fn delete_runtime_map_entry(&self, map: &str, key: &str) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/maps/{}/entries/{}", segment(map), segment(key));
+        self.send_expecting(Method::DELETE, &path, None, &[StatusCode::NO_CONTENT]).await.map(|_| ())
+    }
+
+    /// Replaces a stored certificate's file without reloading HAProxy; its path on the pod,
+    /// the name the running HAProxy knows it by.
+    pub async fn replace_stored_certificate(&self, name: &str, pem: &str) -> Result<String, DataplaneError> {
+        let path = format!("{}/{}", StorageKind::Certificates.path(), segment(name));
+        let request = self
+            .request(Method::PUT, &path)
+            .query(&[("skip_reload", "true")])
+            .header(reqwest::header::CONTENT_TYPE, "text/plain")
+            .body(pem.to_owned());
+        let response = self.execute(request, Method::PUT, &path).await?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
+        if !status.is_success() {
+            return Err(self.unexpected(Method::PUT, &path, status, &text));
+        }
+        answers::parse_stored_file(&text).map_err(|detail| self.unreadable(&path, detail))
+    }
+
+    /// `set ssl cert` + `commit ssl cert`: the running HAProxy serves `pem` for the certificate
+    /// it loaded from `file` (the file is not touched).
+    pub async fn renew_runtime_certificate(&self, file: &str, pem: &str) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/ssl_certs/{}", segment(file));
+        let name = file.rsplit('/').next().unwrap_or(file);
+        let request = self.request(Method::PUT, &path).multipart(upload_form(name, pem));
+        let response = self.execute(request, Method::PUT, &path).await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        Err(self.unexpected(Method::PUT, &path, status, &text))
+    }
+
+    /// The SHA-1 fingerprint of the certificate the running HAProxy serves for `file`.
+    pub async fn runtime_certificate_sha1(&self, file: &str) -> Result<String, DataplaneError> {
+        let path = format!("services/haproxy/runtime/ssl_certs/{}", segment(file));
+        let (_, body) = self.send_expecting(Method::GET, &path, None, &[StatusCode::OK]).await?;
+        answers::parse_certificate_sha1(&body).map_err(|detail| self.unreadable(&path, detail))
+    }
+
     /// `GET /services/haproxy/reloads/{id}`: the state of one reload.
     pub async fn reload(&self, id: &ReloadId) -> Result<Reload, DataplaneError> {
         let path = format!("services/haproxy/reloads/{}", id.0);
@@ -648,6 +715,24 @@ impl DataplaneClient {
         if expected.contains(&status) { Ok((headers, text)) } else { Err(self.unexpected(method, path, status, &text)) }
     }
 
+    async fn send_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: String,
+        expected: &[StatusCode],
+    ) -> Result<(), DataplaneError> {
+        let request =
+            self.request(method.clone(), path).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
+        let response = self.execute(request, method.clone(), path).await?;
+        let status = response.status();
+        if expected.contains(&status) {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        Err(self.unexpected(method, path, status, &text))
+    }
+
     fn unreadable(&self, path: &str, detail: String) -> DataplaneError {
         DataplaneError::UnreadableAnswer { endpoint: self.endpoint.to_string(), path: path.to_owned(), detail }
     }
@@ -666,6 +751,20 @@ impl DataplaneClient {
             body,
         }
     }
+}
+
+/// One path segment, percent-encoded: a map key (`shop.example/cart/`) or a certificate's path
+/// is one segment of the URL (the API routes on the encoded path and decodes the parameter).
+fn segment(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
 }
 
 fn upload_form(name: &str, content: &str) -> reqwest::multipart::Form {
@@ -696,6 +795,13 @@ mod tests {
     fn invalid_endpoint_is_reported_with_its_text() {
         let err = Endpoint::parse("not a url").unwrap_err();
         assert!(err.to_string().contains("not a url"), "{err}");
+    }
+
+    #[test]
+    fn a_map_key_or_a_path_is_one_segment() {
+        assert_eq!(segment("shop.example/cart/"), "shop.example%2Fcart%2F");
+        assert_eq!(segment("/var/run/haproxy/ssl/a_b.pem"), "%2Fvar%2Frun%2Fhaproxy%2Fssl%2Fa_b.pem");
+        assert_eq!(segment("*.example/ü"), "%2A.example%2F%C3%BC");
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::dataplane::{
     Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus,
     StorageKind, StoredConfig, WriteGuard,
 };
-use crate::files::Checksum;
+use crate::files::{CERTIFICATE_MANIFEST, Checksum};
 use crate::journal::{Journal, PodUid, on_blocking_pool};
 use crate::plan::{AddressChanges, RuntimeAction, runtime_actions_header};
 
@@ -151,17 +151,16 @@ pub fn stored_checksum(stored: &StoredConfig) -> Checksum {
 /// unless haptic knows that push stored differently (the file was changed since, keeping the
 /// marker); otherwise the checksum of the text itself, which no render has.
 ///
-/// With `only_known`, a render other than the known one is not taken on its marker's word: a
-/// runtime patch that was cut short wrote its file, but the running HAProxy may not show it.
-pub fn recognise(
-    stored: &StoredConfig,
-    known: Option<&StoredCopy>,
-    only_known: bool,
-) -> (Checksum, Option<StoredCopy>) {
+/// `in_doubt`, nothing is taken on its marker's word: a runtime patch was cut short or did not
+/// take, so the files (stored before the runtime changes are made) may be there without their
+/// effect on the running HAProxy, whatever the configuration file says; only a full sync
+/// settles it.
+pub fn recognise(stored: &StoredConfig, known: Option<&StoredCopy>, in_doubt: bool) -> (Checksum, Option<StoredCopy>) {
     let layout = stored_checksum(stored);
     let trusted = |render: Checksum| match known {
+        _ if in_doubt => false,
         Some(known) if known.render == render => known.stored == layout,
-        _ => !only_known,
+        _ => true,
     };
     match claimed_render(stored) {
         Some(render) if trusted(render) => {
@@ -229,7 +228,8 @@ async fn runtime_state_matches(client: &DataplaneClient, action: &RuntimeAction)
             let seen = client.runtime_server(backend, server).await?;
             (seen.admin_state == "ready") == *ready
         }
-        RuntimeAction::SetWeight { .. } => true,
+        // Weights are not in the server view; maps and certificates are read back apart.
+        _ => true,
     })
 }
 
@@ -243,36 +243,216 @@ fn write_error(error: DataplaneError) -> ActionError {
     }
 }
 
+impl DataplaneActions {
+    /// Writes the configuration without a reload, with the server actions for the API to run,
+    /// and reads the servers back: the stored copy, or what the patch came to when it did not
+    /// take.
+    async fn patch_servers(
+        &self,
+        client: &DataplaneClient,
+        pod: &PodTarget,
+        desired: &Desired,
+        actions: &[RuntimeAction],
+        base: ConfigVersion,
+    ) -> Result<Result<StoredCopy, Patched>, ActionError> {
+        let header = runtime_actions_header(actions);
+        let render = render_checksum(desired);
+        let config = with_render_marker(&desired.files.haproxy_cfg.content, &render);
+        let stored = match client.push_raw_runtime(&config, base, &header).await {
+            Ok(PushOutcome::Applied(stored) | PushOutcome::ReloadQueued(_, stored)) => stored,
+            Ok(PushOutcome::Valid) => return Err(failed("a runtime patch was answered as a validation")),
+            Err(error @ DataplaneError::VersionConflict { .. }) => {
+                return Err(ActionError::VersionConflict(error.to_string()));
+            }
+            // Refused, or an action the runtime did not take (the API writes the file before it
+            // runs the actions, and answers 500 when one fails): a full sync follows, rather
+            // than retrying something that cannot work.
+            Err(error @ (DataplaneError::InvalidConfiguration { .. } | DataplaneError::UnexpectedStatus { .. })) => {
+                tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
+                return Ok(Err(Patched::NotTaken(None)));
+            }
+            Err(error) => return Err(failed(error)),
+        };
+        // Read the running HAProxy back: a patch that did not take, or cannot be read back
+        // (v3.2.7 answers 404 for a server of HAProxy 2.6 when it speaks to 2.6's master
+        // socket, see docs/environment.md), is a full sync.
+        for action in actions.iter().filter(|a| a.is_server_action()) {
+            match runtime_state_matches(client, action).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(pod = %pod.name, %action, "the runtime does not show a patched value; full sync");
+                    return Ok(Err(Patched::NotTaken(Some(stored.version))));
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pod.name, %action, %error, "a patched value cannot be read back; full sync");
+                    return Ok(Err(Patched::NotTaken(Some(stored.version))));
+                }
+            }
+        }
+        Ok(Ok(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version }))
+    }
+
+    /// Stores every map the actions change, applies their entry changes in order, and reads
+    /// each changed map back; the first thing that differs is the error.
+    async fn patch_maps(
+        &self,
+        client: &DataplaneClient,
+        desired: &Desired,
+        actions: &[RuntimeAction],
+    ) -> Result<(), String> {
+        let mut changed: Vec<&str> = Vec::new();
+        for action in actions {
+            if let RuntimeAction::AddMapEntry { map, .. }
+            | RuntimeAction::SetMapEntry { map, .. }
+            | RuntimeAction::DeleteMapEntry { map, .. } = action
+                && !changed.contains(&map.as_str())
+            {
+                changed.push(map);
+            }
+        }
+        for map in &changed {
+            let file = desired.files.maps.get(*map).ok_or_else(|| format!("{map} is not a desired map"))?;
+            client.put_storage(StorageKind::Maps, map, &file.content, true).await.map_err(|e| e.to_string())?;
+        }
+        let started = Instant::now();
+        for action in actions {
+            let applied = match action {
+                RuntimeAction::AddMapEntry { map, key, value } => client.add_runtime_map_entry(map, key, value).await,
+                RuntimeAction::SetMapEntry { map, key, value } => client.set_runtime_map_entry(map, key, value).await,
+                RuntimeAction::DeleteMapEntry { map, key } => client.delete_runtime_map_entry(map, key).await,
+                _ => continue,
+            };
+            applied.map_err(|error| format!("{action}: {error}"))?;
+        }
+        for map in changed {
+            let wanted = desired.files.maps.get(map).and_then(|file| crate::plan::maps::entries(&file.content));
+            let running =
+                client.runtime_map_entries(map).await.map_err(|error| format!("reading {map} back: {error}"))?;
+            let mut seen = std::collections::BTreeMap::new();
+            for (key, value) in running {
+                if seen.insert(key, value).is_some() {
+                    return Err(format!("{map} holds a key twice in the running HAProxy"));
+                }
+            }
+            if wanted.as_ref() != Some(&seen) {
+                return Err(format!("{map} in the running HAProxy is not the desired map"));
+            }
+        }
+        // Entries are read back per map, so each entry change is given the time of them all.
+        for action in actions.iter().filter(|a| a.kind().starts_with("map-")) {
+            observe(action, started);
+        }
+        Ok(())
+    }
+
+    /// Stores every renewed certificate, has the running HAProxy serve it, and reads its
+    /// fingerprint back; then names the certificates' content in the manifest.
+    async fn patch_certificates(
+        &self,
+        client: &DataplaneClient,
+        desired: &Desired,
+        actions: &[RuntimeAction],
+    ) -> Result<(), String> {
+        let mut renewed = false;
+        for action in actions {
+            let RuntimeAction::RenewCertificate { name } = action else { continue };
+            let started = Instant::now();
+            let pem =
+                &desired.files.certs.get(name).ok_or_else(|| format!("{name} is not a desired certificate"))?.content;
+            let file =
+                client.replace_stored_certificate(name, pem).await.map_err(|e| format!("storing {name}: {e}"))?;
+            client.renew_runtime_certificate(&file, pem).await.map_err(|e| format!("{action}: {e}"))?;
+            let served =
+                client.runtime_certificate_sha1(&file).await.map_err(|e| format!("reading {name} back: {e}"))?;
+            if crate::tls::first_certificate_sha1(pem).as_deref() != Some(served.as_str()) {
+                return Err(format!("the running HAProxy does not serve the renewed {name}"));
+            }
+            observe(action, started);
+            renewed = true;
+        }
+        if renewed {
+            write_manifest(client, desired).await.map_err(|error| error.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// Records how long a runtime change took, by its kind.
+fn observe(action: &RuntimeAction, started: Instant) {
+    let labels = crate::telemetry::metrics::RuntimeActionLabels { kind: action.kind() };
+    let metrics = crate::telemetry::metrics::metrics();
+    metrics.runtime_action_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+}
+
+/// The certificates' content by name, as a manifest names them (`<checksum> <name>` lines).
+fn read_manifest(text: &str) -> HashMap<String, Checksum> {
+    text.lines()
+        .filter_map(|line| {
+            let (checksum, name) = line.trim().split_once(' ')?;
+            Some((name.trim().to_owned(), Checksum::from_hex(checksum)?))
+        })
+        .collect()
+}
+
+/// The manifest of the desired certificates.
+fn manifest_text(desired: &Desired) -> String {
+    desired.files.certs.iter().map(|(name, file)| format!("{} {name}\n", file.checksum)).collect()
+}
+
+/// Writes the manifest of the desired certificates, unless the pod has it already; removes it
+/// when no certificate is desired.
+async fn write_manifest(client: &DataplaneClient, desired: &Desired) -> Result<(), ActionError> {
+    let kind = StorageKind::General;
+    let wanted = manifest_text(desired);
+    let current = client.get_storage(kind, CERTIFICATE_MANIFEST).await.map_err(failed)?;
+    if wanted.is_empty() {
+        if current.is_some() {
+            client.delete_storage(kind, CERTIFICATE_MANIFEST).await.map_err(failed)?;
+        }
+    } else if current.as_deref() != Some(wanted.as_str()) {
+        client.put_storage(kind, CERTIFICATE_MANIFEST, &wanted, current.is_some()).await.map_err(failed)?;
+    }
+    Ok(())
+}
+
 impl PodActions for DataplaneActions {
     async fn verify(
         &self,
         pod: &PodTarget,
         known: Option<&StoredCopy>,
-        only_known: bool,
+        in_doubt: bool,
     ) -> Result<Reading, ActionError> {
         let client = self.client(pod)?;
         // The version a write is checked against is the API's own, read first: the file's
         // `_version` line can lag it (a failed reload puts an older file back, line and all).
         let version = client.configuration_version().await.map_err(failed)?;
         let stored = client.raw_configuration().await.map_err(failed)?;
-        let (config, copy) = recognise(&stored, known, only_known);
+        let (config, copy) = recognise(&stored, known, in_doubt);
         let mut observed = vec![("haproxy.cfg".to_owned(), config)];
+        let mut manifest = None;
         for kind in [StorageKind::Maps, StorageKind::General] {
             let mut names = client.list_storage(kind).await.map_err(failed)?;
             names.sort();
             for name in names {
                 if let Some(content) = client.get_storage(kind, &name).await.map_err(failed)? {
+                    if kind == StorageKind::General && name == CERTIFICATE_MANIFEST {
+                        manifest = Some(read_manifest(&content));
+                        continue;
+                    }
                     observed.push((format!("{}/{name}", prefix(kind)), Checksum::of(content.as_bytes())));
                 }
             }
         }
-        // Certificates are never given back; their names carry their content's hash, and a
-        // certificate is known by its name (see Desired::new).
+        // Certificates are never given back: a certificate file has the content the manifest
+        // names for it, and one the manifest does not name has none a render could have.
+        let manifest = manifest.unwrap_or_default();
         let mut certificates = client.list_storage(StorageKind::Certificates).await.map_err(failed)?;
         certificates.sort();
         for name in certificates {
             let path = format!("certs/{name}");
-            observed.push((path.clone(), Checksum::of(path.as_bytes())));
+            let content =
+                manifest.get(&name).copied().unwrap_or_else(|| Checksum::of(format!("unknown {path}").as_bytes()));
+            observed.push((path, content));
         }
         // HAProxy's version decides which address changes can be made at run time; a runtime
         // that does not answer gets the cautious answer (it takes no runtime patch anyway).
@@ -288,13 +468,22 @@ impl PodActions for DataplaneActions {
 
     async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, ActionError> {
         let client = self.client(pod)?;
-        // New certificates go up beside the old ones (a changed one has a new name).
+        // A new certificate goes up beside the others, and is removed again if the
+        // configuration is refused. A renewed one replaces its file: its old content cannot be
+        // read back to put it back, but the pair was checked when it was rendered, and the
+        // running HAProxy keeps serving the old one until the push reloads it.
         let present = client.list_storage(StorageKind::Certificates).await.map_err(failed)?;
+        let manifest = match client.get_storage(StorageKind::General, CERTIFICATE_MANIFEST).await.map_err(failed)? {
+            Some(text) => read_manifest(&text),
+            None => HashMap::new(),
+        };
         for (name, file) in &desired.files.certs {
+            let kind = StorageKind::Certificates;
             if !present.contains(name) {
-                let kind = StorageKind::Certificates;
                 self.record_upload(&pod.uid, kind, name, None).await?;
                 client.put_storage(kind, name, &file.content, false).await.map_err(failed)?;
+            } else if manifest.get(name) != Some(&file.checksum) {
+                client.put_storage(kind, name, &file.content, true).await.map_err(failed)?;
             }
         }
         for (kind, name, content) in desired_storage(desired) {
@@ -332,11 +521,13 @@ impl PodActions for DataplaneActions {
         for kind in [StorageKind::Maps, StorageKind::General, StorageKind::Certificates] {
             for name in client.list_storage(kind).await.map_err(failed)? {
                 let certificate_wanted = kind == StorageKind::Certificates && desired.files.certs.contains_key(&name);
-                if !certificate_wanted && !wanted.contains(&(kind, name.as_str())) {
+                let manifest = kind == StorageKind::General && name == CERTIFICATE_MANIFEST;
+                if !certificate_wanted && !manifest && !wanted.contains(&(kind, name.as_str())) {
                     client.delete_storage(kind, &name).await.map_err(failed)?;
                 }
             }
         }
+        write_manifest(&client, desired).await?;
         // Pushed: what validation uploaded is what the pod runs now.
         let uid = pod.uid.clone();
         on_blocking_pool(&self.journal, move |journal| journal.settle_uploads(&uid, &[]))
@@ -350,44 +541,37 @@ impl PodActions for DataplaneActions {
         pod: &PodTarget,
         desired: &Desired,
         actions: &[RuntimeAction],
+        rewrite_config: bool,
         base: ConfigVersion,
     ) -> Result<Patched, ActionError> {
         let client = self.client(pod)?;
-        let header = runtime_actions_header(actions);
-        let render = render_checksum(desired);
-        let config = with_render_marker(&desired.files.haproxy_cfg.content, &render);
-        let stored = match client.push_raw_runtime(&config, base, &header).await {
-            Ok(PushOutcome::Applied(stored) | PushOutcome::ReloadQueued(_, stored)) => stored,
-            Ok(PushOutcome::Valid) => return Err(failed("a runtime patch was answered as a validation")),
-            Err(error @ DataplaneError::VersionConflict { .. }) => {
-                return Err(ActionError::VersionConflict(error.to_string()));
+        let servers: Vec<&RuntimeAction> = actions.iter().filter(|a| a.is_server_action()).collect();
+        let mut copy = None;
+        if rewrite_config || !servers.is_empty() {
+            let started = Instant::now();
+            match self.patch_servers(&client, pod, desired, actions, base).await? {
+                Ok(stored) => copy = Some(stored),
+                Err(not_taken) => return Ok(not_taken),
             }
-            // Refused, or an action the runtime did not take (the API writes the file before it
-            // runs the actions, and answers 500 when one fails): a full sync follows, rather
-            // than retrying something that cannot work.
-            Err(error @ (DataplaneError::InvalidConfiguration { .. } | DataplaneError::UnexpectedStatus { .. })) => {
-                tracing::warn!(pod = %pod.name, %error, "runtime patch refused; falling back to a full sync");
-                return Ok(Patched::NotTaken(None));
-            }
-            Err(error) => return Err(failed(error)),
-        };
-        // Read the running HAProxy back: a patch that did not take, or cannot be read back
-        // (v3.2.7 answers 404 for a server of HAProxy 2.6 when it speaks to 2.6's master
-        // socket, see docs/environment.md), is a full sync.
-        for action in actions {
-            match runtime_state_matches(&client, action).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(pod = %pod.name, %action, "the runtime does not show a patched value; full sync");
-                    return Ok(Patched::NotTaken(Some(stored.version)));
-                }
-                Err(error) => {
-                    tracing::warn!(pod = %pod.name, %action, %error, "a patched value cannot be read back; full sync");
-                    return Ok(Patched::NotTaken(Some(stored.version)));
-                }
+            for action in servers {
+                observe(action, started);
             }
         }
-        Ok(Patched::Taken(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version }))
+        let written_at = copy.map(|c: StoredCopy| c.version);
+        // Maps and certificates: each file is stored first (a reload from here on starts from
+        // the desired files), then changed in the running HAProxy, then read back.
+        // A failure from here on leaves the configuration where it was or where this patch put
+        // it: the full sync that follows writes on top of that.
+        let build_on = Some(written_at.unwrap_or(base));
+        if let Err(detail) = self.patch_maps(&client, desired, actions).await {
+            tracing::warn!(pod = %pod.name, %detail, "a map change did not take at run time; full sync");
+            return Ok(Patched::NotTaken(build_on));
+        }
+        if let Err(detail) = self.patch_certificates(&client, desired, actions).await {
+            tracing::warn!(pod = %pod.name, %detail, "a certificate renewal did not take at run time; full sync");
+            return Ok(Patched::NotTaken(build_on));
+        }
+        Ok(Patched::Taken(copy))
     }
 
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
@@ -463,14 +647,18 @@ mod tests {
     }
 
     #[test]
-    fn after_a_runtime_patch_cut_short_only_the_known_push_is_taken_on_its_marker() {
+    fn after_a_runtime_patch_cut_short_no_push_is_taken_on_its_marker() {
         let (old, new) = (Checksum::of(b"old"), Checksum::of(b"new"));
-        let (_, known) = recognise(&stored(4, &format!("global\n  {RENDER_MARKER}{old}\n")), None, false);
+        let old_file = stored(4, &format!("global\n  {RENDER_MARKER}{old}\n"));
+        let (_, known) = recognise(&old_file, None, false);
         // The patch wrote the new file; whether HAProxy took its actions is unknown.
         let written = stored(5, &format!("global\n  maxconn 9\n  {RENDER_MARKER}{new}\n"));
         assert_eq!(recognise(&written, known.as_ref(), false).0, new, "normally the marker is believed");
         let (observed, copy) = recognise(&written, known.as_ref(), true);
         assert!(observed != new && copy.is_none(), "in doubt, a full sync makes it certain");
+        // A patch of maps alone leaves the configuration as it was: that is no proof either.
+        let (observed, copy) = recognise(&old_file, known.as_ref(), true);
+        assert!(observed != old && copy.is_none(), "in doubt even about the known push");
     }
 
     #[test]
@@ -562,6 +750,17 @@ mod request_shapes {
             .respond_with(ResponseTemplate::new(204))
             .mount(&server)
             .await;
+        Mock::given(method("GET"))
+            .and(path(format!("{base}/storage/general/{CERTIFICATE_MANIFEST}")))
+            .respond_with(ResponseTemplate::new(404))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{base}/storage/general")))
+            .and(query_param("skip_reload", "true"))
+            .respond_with(ResponseTemplate::new(201))
+            .mount(&server)
+            .await;
         Mock::given(method("DELETE"))
             .and(path(format!("{base}/storage/maps/old.map")))
             .and(query_param("skip_reload", "true"))
@@ -598,6 +797,7 @@ mod request_shapes {
             seen,
             [
                 "GET /storage/ssl_certificates",
+                "GET /storage/general/haptic-certificates.sum",
                 "POST /storage/ssl_certificates",
                 "GET /storage/maps/host.map",
                 "POST /storage/maps",
@@ -608,15 +808,20 @@ mod request_shapes {
                 "GET /storage/general",
                 "GET /storage/ssl_certificates",
                 "DELETE /storage/ssl_certificates/web_shop_000000000000.pem",
+                "GET /storage/general/haptic-certificates.sum",
+                "POST /storage/general",
             ]
         );
-        let certificate = String::from_utf8_lossy(&requests[1].body);
+        let certificate = String::from_utf8_lossy(&requests[2].body);
         assert!(certificate.contains("filename=\"web_shop_5f1c0d9e2a7b.pem\""), "{certificate}");
-        let upload = String::from_utf8_lossy(&requests[3].body);
+        let upload = String::from_utf8_lossy(&requests[4].body);
         assert!(
             upload.contains("name=\"file_upload\"; filename=\"host.map\"") && upload.contains("example.com be_app"),
             "{upload}"
         );
+        let manifest = String::from_utf8_lossy(&requests[13].body);
+        let checksum = desired.files.certs["web_shop_5f1c0d9e2a7b.pem"].checksum;
+        assert!(manifest.contains(&format!("{checksum} web_shop_5f1c0d9e2a7b.pem\n")), "{manifest}");
         assert!(requests.iter().all(|r| r.headers.get("authorization").is_some()), "every call authenticates");
     }
 
@@ -672,7 +877,8 @@ mod request_shapes {
             },
             RuntimeAction::SetState { backend: "be_web".into(), server: "srv2".into(), ready: false },
         ];
-        let Patched::Taken(copy) = actions.runtime_patch(&pod, &desired, &patch, ConfigVersion(9)).await.unwrap()
+        let Patched::Taken(Some(copy)) =
+            actions.runtime_patch(&pod, &desired, &patch, true, ConfigVersion(9)).await.unwrap()
         else {
             panic!("the patch read back as intended")
         };
@@ -692,7 +898,7 @@ mod request_shapes {
             .mount(&server)
             .await;
         assert_eq!(
-            actions.runtime_patch(&pod, &desired, &not_taken, ConfigVersion(9)).await.unwrap(),
+            actions.runtime_patch(&pod, &desired, &not_taken, true, ConfigVersion(9)).await.unwrap(),
             Patched::NotTaken(Some(ConfigVersion(10))),
             "written at version 10, but not taken"
         );
@@ -707,7 +913,7 @@ mod request_shapes {
             .mount(&server)
             .await;
         assert_eq!(
-            actions.runtime_patch(&pod, &desired, &refused, ConfigVersion(9)).await.unwrap(),
+            actions.runtime_patch(&pod, &desired, &refused, true, ConfigVersion(9)).await.unwrap(),
             Patched::NotTaken(None)
         );
     }

@@ -51,15 +51,9 @@ pub struct Desired {
 
 /// The checksums a pod running `files` shows a verification, as the machine compares them.
 pub fn deployed_checksums(files: &FileSet) -> FileChecksums {
-    // A certificate is known by its name, which carries its content's hash: the Dataplane
-    // API never gives a certificate back, so its name is all a verification can compare.
-    files
-        .entries()
-        .map(|(name, file)| {
-            let checksum = if file.sensitive { crate::files::Checksum::of(name.as_bytes()) } else { file.checksum };
-            (name, checksum)
-        })
-        .collect()
+    // Every file by its content's checksum; a pod's certificates by the checksums its
+    // certificate manifest names (the Dataplane API never gives a certificate back).
+    files.entries().map(|(name, file)| (name, file.checksum)).collect()
 }
 
 impl Desired {
@@ -119,10 +113,11 @@ pub struct Reading {
 /// What a runtime patch came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Patched {
-    /// Written, applied and read back as intended.
-    Taken(StoredCopy),
-    /// Not applied as intended: a full sync follows. The file may have been written all the
-    /// same, at this configuration version when it is known.
+    /// Written, applied and read back as intended: the configuration as the pod now stores it,
+    /// or `None` when it was not rewritten (only maps or certificates changed).
+    Taken(Option<StoredCopy>),
+    /// Not applied as intended: a full sync follows, on top of this configuration version when
+    /// it is known (the patch may have written the file, or left it as it was).
     NotTaken(Option<ConfigVersion>),
 }
 
@@ -148,14 +143,14 @@ impl fmt::Display for ActionError {
 /// What actions do to a pod.
 pub trait PodActions: Send + Sync + 'static {
     /// Reads what the pod runs. `known` is the last push to this pod haptic knows of, so that a
-    /// file changed since (whatever still claims to be that push) is not taken for it; with
-    /// `only_known`, no other push is taken on its file's word either (a runtime patch was cut
-    /// short: its file may be there without its effect).
+    /// file changed since (whatever still claims to be that push) is not taken for it;
+    /// `in_doubt`, no push is taken on its file's word (a runtime patch was cut short or did not
+    /// take: the files may be there without their effect).
     fn verify(
         &self,
         pod: &PodTarget,
         known: Option<&StoredCopy>,
-        only_known: bool,
+        in_doubt: bool,
     ) -> impl Future<Output = Result<Reading, ActionError>> + Send;
     /// Uploads changed auxiliary files and validates the configuration on the pod.
     fn validate(
@@ -171,14 +166,16 @@ pub trait PodActions: Send + Sync + 'static {
         desired: &Desired,
         base: ConfigVersion,
     ) -> impl Future<Output = Result<StoredCopy, ActionError>> + Send;
-    /// Applies a runtime-only change (the new files written without a reload on top of `base`,
-    /// `actions` through the Runtime API) and reads it back; when it did not take, a full sync
+    /// Applies a runtime-only change (the new files written without a reload, the
+    /// configuration on top of `base` when `rewrite_config` says it changed, `actions` through
+    /// the Runtime API in their order) and reads it back; when it did not take, a full sync
     /// follows.
     fn runtime_patch(
         &self,
         pod: &PodTarget,
         desired: &Desired,
         actions: &[RuntimeAction],
+        rewrite_config: bool,
         base: ConfigVersion,
     ) -> impl Future<Output = Result<Patched, ActionError>> + Send;
     /// Puts back the auxiliary files uploaded for a rejected configuration.
@@ -216,6 +213,8 @@ pub struct PodDriver<A: PodActions> {
     pushed_files: Option<Arc<FileSet>>,
     /// The runtime changes planned for the current desired files.
     runtime_actions: Vec<RuntimeAction>,
+    /// Whether the planned runtime patch rewrites `haproxy.cfg` (it differs from the pushed one).
+    runtime_rewrites_config: bool,
     /// The last push to this pod haptic knows of, as the pod stores it (journaled).
     copy: Option<StoredCopy>,
     /// The configuration version last read from the pod or left by a push: the base of the
@@ -287,6 +286,7 @@ impl<A: PodActions> PodDriver<A> {
             span: tracing::Span::none(),
             pushed_files: None,
             runtime_actions: Vec::new(),
+            runtime_rewrites_config: true,
             copy,
             base_version: None,
             address_changes: AddressChanges::default(),
@@ -468,15 +468,21 @@ impl<A: PodActions> PodDriver<A> {
                 }
             },
             Action::RuntimePatch => {
-                match async { self.actions.runtime_patch(pod, desired, &self.runtime_actions, base?).await }.await {
+                let rewrite_config = self.runtime_rewrites_config;
+                let patch = async {
+                    self.actions.runtime_patch(pod, desired, &self.runtime_actions, rewrite_config, base?).await
+                };
+                match patch.await {
                     Ok(Patched::Taken(copy)) => {
                         let metrics = crate::telemetry::metrics::metrics();
                         for action in &self.runtime_actions {
                             let labels = crate::telemetry::metrics::RuntimeActionLabels { kind: action.kind() };
                             metrics.runtime_actions.get_or_create(&labels).inc();
                         }
-                        self.base_version = Some(copy.version);
-                        self.copy = Some(copy);
+                        if let Some(copy) = copy {
+                            self.base_version = Some(copy.version);
+                            self.copy = Some(copy);
+                        }
                         self.patch_in_doubt = false;
                         Event::RuntimePatched { pushed: desired.checksums.clone() }
                     }
@@ -587,24 +593,14 @@ impl<A: PodActions> PodDriver<A> {
 
     /// The runtime changes that take the pod from the files it runs to the desired ones, when
     /// that is all it takes (see `plan::plan`); `None` calls for a full sync.
-    fn runtime_plan(&self) -> Option<Vec<RuntimeAction>> {
+    fn runtime_plan(&mut self) -> Option<Vec<RuntimeAction>> {
         let pushed = self.pushed_files.as_ref()?;
-        let auxiliary = |files: &FileSet| -> std::collections::BTreeMap<String, crate::files::Checksum> {
-            files
-                .entries()
-                .filter(|(name, _)| name != "haproxy.cfg")
-                .map(|(name, file)| (name, file.checksum))
-                .collect()
-        };
         let desired = &self.desired.files;
-        match crate::plan::plan(
-            &pushed.haproxy_cfg.content,
-            &auxiliary(pushed),
-            &desired.haproxy_cfg.content,
-            &auxiliary(desired),
-            self.address_changes,
-        ) {
-            Plan::Runtime(actions) => Some(actions),
+        match crate::plan::plan(pushed, desired, self.address_changes) {
+            Plan::Runtime(actions) => {
+                self.runtime_rewrites_config = pushed.haproxy_cfg.checksum != desired.haproxy_cfg.checksum;
+                Some(actions)
+            }
             Plan::NoOp | Plan::Full => None,
         }
     }
@@ -788,11 +784,12 @@ mod tests {
             _: &PodTarget,
             desired: &Desired,
             actions: &[RuntimeAction],
+            _: bool,
             _: ConfigVersion,
         ) -> Result<Patched, ActionError> {
             self.call(&format!("runtime_patch {}", crate::plan::runtime_actions_header(actions)));
             *self.runs.lock().unwrap() = Some(desired.checksums.clone());
-            Ok(Patched::Taken(copy_of(desired)))
+            Ok(Patched::Taken(Some(copy_of(desired))))
         }
         async fn restore_files(&self, _: &PodTarget) -> Result<(), String> {
             self.call("restore");

@@ -199,6 +199,7 @@ mod tests {
             _: &PodTarget,
             _: &Desired,
             _: &[crate::plan::RuntimeAction],
+            _: bool,
             _: ConfigVersion,
         ) -> Result<Patched, ActionError> {
             Ok(Patched::NotTaken(None))

@@ -1,20 +1,31 @@
-//! Plan: what a pod needs to go from what it was last given to what is desired — nothing, a
-//! runtime patch (no reload), or a full sync — decided by comparing parsed configurations,
-//! not text.
+//! Plan: what a pod needs to go from the files it was last given to the desired ones —
+//! nothing, a list of runtime changes (no reload), or a full sync — decided by comparing
+//! parsed configurations and map entries, not text.
 //!
-//! Pure functions over plain data. A runtime patch is chosen only when every difference is a
-//! runtime-eligible attribute (address, port, weight, enabled/disabled) of a server that
-//! exists on both sides, and no auxiliary file changed; anything else, or anything this
-//! module cannot tell, is a full sync.
+//! Pure functions over plain data. A runtime plan is chosen only when every difference is one
+//! the Runtime API can make and read back:
+//! - a runtime-eligible attribute (address, port, weight, enabled/disabled) of a server that
+//!   exists on both sides;
+//! - a backend section that is gone (it stays, unused, in the running HAProxy until its next
+//!   reload: nothing can route to it, since no map entry and no directive names it);
+//! - map entries added, changed or removed, in maps that exist on both sides;
+//! - a certificate of the same name with new content.
+//!
+//! Anything else (a new backend, a directive, a general file, a certificate added or removed),
+//! or anything this module cannot tell, is a full sync. Every runtime plan also stores the
+//! desired files on the pod, so a later reload starts from exactly them.
 
 pub mod config;
+pub mod maps;
+#[cfg(test)]
+mod model;
 pub mod slots;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::files::Checksum;
-use config::{ParsedConfig, Server, parse};
+use crate::files::{FileSet, RenderedFile};
+use config::{ParsedConfig, Section, Server, parse};
 
 /// One change the HAProxy Runtime API can make without a reload.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,6 +59,36 @@ pub enum RuntimeAction {
         /// Whether it takes traffic.
         ready: bool,
     },
+    /// `add map <map> <key> <value>`: a key the running map does not have.
+    AddMapEntry {
+        /// The map file's name (`host-exact.map`).
+        map: String,
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// `set map <map> <key> <value>`: a key whose value changes.
+    SetMapEntry {
+        /// The map file's name.
+        map: String,
+        /// The key.
+        key: String,
+        /// Its new value.
+        value: String,
+    },
+    /// `del map <map> <key>`: a key that goes.
+    DeleteMapEntry {
+        /// The map file's name.
+        map: String,
+        /// The key.
+        key: String,
+    },
+    /// `set ssl cert` + `commit ssl cert`: a certificate file of the same name, renewed.
+    RenewCertificate {
+        /// The certificate file's name.
+        name: String,
+    },
 }
 
 impl RuntimeAction {
@@ -57,12 +98,23 @@ impl RuntimeAction {
             Self::SetAddress { .. } => "server-address",
             Self::SetWeight { .. } => "server-weight",
             Self::SetState { .. } => "server-state",
+            Self::AddMapEntry { .. } => "map-add",
+            Self::SetMapEntry { .. } => "map-set",
+            Self::DeleteMapEntry { .. } => "map-delete",
+            Self::RenewCertificate { .. } => "certificate",
         }
+    }
+
+    /// Whether it changes a server (sent with the configuration's write, as the Dataplane
+    /// API's `X-Runtime-Actions`).
+    pub fn is_server_action(&self) -> bool {
+        matches!(self, Self::SetAddress { .. } | Self::SetWeight { .. } | Self::SetState { .. })
     }
 }
 
 impl fmt::Display for RuntimeAction {
-    /// The action in the Dataplane API's `X-Runtime-Actions` syntax.
+    /// Server actions in the Dataplane API's `X-Runtime-Actions` syntax; the others as the
+    /// Runtime API command they become.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::SetAddress { backend, server, address, port } => {
@@ -72,6 +124,10 @@ impl fmt::Display for RuntimeAction {
             Self::SetState { backend, server, ready } => {
                 write!(f, "SetServerState {backend} {server} {}", if *ready { "ready" } else { "maint" })
             }
+            Self::AddMapEntry { map, key, value } => write!(f, "add map {map} {key} {value}"),
+            Self::SetMapEntry { map, key, value } => write!(f, "set map {map} {key} {value}"),
+            Self::DeleteMapEntry { map, key } => write!(f, "del map {map} {key}"),
+            Self::RenewCertificate { name } => write!(f, "set ssl cert {name}"),
         }
     }
 }
@@ -107,8 +163,8 @@ impl AddressChanges {
 pub enum Plan {
     /// Exactly what it has.
     NoOp,
-    /// The new file written without a reload, and these runtime changes (none when only
-    /// comments or layout differ).
+    /// The new files written without a reload, and these runtime changes, in this order
+    /// (none when only comments or layout differ).
     Runtime(Vec<RuntimeAction>),
     /// A validated push with a reload.
     Full,
@@ -121,18 +177,18 @@ pub enum ReloadReason {
     Unverified,
     /// The pod was found changed by someone else.
     Drift,
-    /// `haproxy.cfg` changed beyond what the Runtime API can apply.
+    /// `haproxy.cfg` changed beyond what the Runtime API can apply (a new backend, say).
     Configuration,
     /// A server's address changed while it served, on a HAProxy that keeps busy connections
     /// on the old address (2.6): the Runtime API could, but not safely.
     ServerAddress,
-    /// A map file changed.
+    /// A map file came or went, or is not plain enough to change entry by entry.
     Map,
-    /// A certificate was added, renewed or removed.
+    /// A certificate was added or removed.
     Certificate,
-    /// A general file (an error page...) changed.
+    /// A general file (an error page, a crt-list...) changed.
     File,
-    /// Nothing differs that haptic knows of (a retry, a refused runtime patch).
+    /// Nothing differs that calls for one (a retry, a runtime patch that did not take).
     Retry,
 }
 
@@ -152,97 +208,147 @@ impl ReloadReason {
     }
 }
 
-/// The first kind of difference (configuration, map, certificate, general file, in that
-/// order) between the files a pod is known to run and the desired ones that calls for a
-/// reload; `pushed` is `None` when what the pod runs is not known.
-pub fn reload_reason(
-    pushed: Option<&crate::files::FileSet>,
-    desired: &crate::files::FileSet,
-    address_changes: AddressChanges,
-) -> ReloadReason {
-    let Some(pushed) = pushed else { return ReloadReason::Unverified };
-    let checksums = |files: &BTreeMap<String, crate::files::RenderedFile>| {
-        files.iter().map(|(n, f)| (n.clone(), f.checksum)).collect::<Vec<_>>()
-    };
-    if pushed.haproxy_cfg.checksum != desired.haproxy_cfg.checksum {
-        let (before, after) = (parse(&pushed.haproxy_cfg.content), parse(&desired.haproxy_cfg.content));
-        match (
-            runtime_difference(&before, &after, address_changes),
-            runtime_difference(&before, &after, AddressChanges::Followed),
-        ) {
-            (None, Some(_)) => return ReloadReason::ServerAddress,
-            (None, None) => return ReloadReason::Configuration,
-            _ => {}
-        }
-    }
-    if checksums(&pushed.maps) != checksums(&desired.maps) {
-        ReloadReason::Map
-    } else if checksums(&pushed.certs) != checksums(&desired.certs) {
-        ReloadReason::Certificate
-    } else if checksums(&pushed.files) != checksums(&desired.files) {
-        ReloadReason::File
-    } else {
-        ReloadReason::Retry
+/// Why a reload takes `pushed` (what the pod is known to run; `None` when unknown) to
+/// `desired`: the first kind of difference the Runtime API cannot make (configuration, map,
+/// certificate, general file, in that order), or `Retry` when there is none.
+pub fn reload_reason(pushed: Option<&FileSet>, desired: &FileSet, address_changes: AddressChanges) -> ReloadReason {
+    match pushed {
+        None => ReloadReason::Unverified,
+        Some(pushed) => runtime_plan(pushed, desired, address_changes).err().unwrap_or(ReloadReason::Retry),
     }
 }
 
-/// The header value for a runtime push: actions separated by `;`.
+/// The header value for the server actions of a runtime plan: actions separated by `;`.
 pub fn runtime_actions_header(actions: &[RuntimeAction]) -> String {
-    actions.iter().map(ToString::to_string).collect::<Vec<_>>().join(";")
+    actions.iter().filter(|a| a.is_server_action()).map(ToString::to_string).collect::<Vec<_>>().join(";")
 }
 
-/// Compares what was pushed with what is desired: the main configuration's text and the
-/// checksums of every auxiliary file (maps, general files) by name, for a pod whose HAProxy
-/// handles address changes as `address_changes` says.
-pub fn plan(
-    pushed_config: &str,
-    pushed_files: &BTreeMap<String, Checksum>,
-    desired_config: &str,
-    desired_files: &BTreeMap<String, Checksum>,
-    address_changes: AddressChanges,
-) -> Plan {
-    if pushed_files != desired_files {
-        return Plan::Full;
-    }
-    if pushed_config == desired_config {
+/// What a pod that runs `pushed` needs to run `desired`, on a HAProxy that handles address
+/// changes as `address_changes` says.
+pub fn plan(pushed: &FileSet, desired: &FileSet, address_changes: AddressChanges) -> Plan {
+    let same = |a: &RenderedFile, b: &RenderedFile| a.checksum == b.checksum;
+    let same_files = |a: &BTreeMap<String, RenderedFile>, b: &BTreeMap<String, RenderedFile>| {
+        a.len() == b.len() && a.iter().zip(b).all(|((n1, f1), (n2, f2))| n1 == n2 && same(f1, f2))
+    };
+    if same(&pushed.haproxy_cfg, &desired.haproxy_cfg)
+        && same_files(&pushed.maps, &desired.maps)
+        && same_files(&pushed.files, &desired.files)
+        && same_files(&pushed.certs, &desired.certs)
+    {
         return Plan::NoOp;
     }
-    match runtime_difference(&parse(pushed_config), &parse(desired_config), address_changes) {
-        Some(actions) => Plan::Runtime(actions),
-        None => Plan::Full,
+    match runtime_plan(pushed, desired, address_changes) {
+        Ok(actions) => Plan::Runtime(actions),
+        Err(_) => Plan::Full,
     }
 }
 
-/// The runtime actions that turn `old` into `new`, or `None` when a reload is needed.
+/// The runtime actions from `pushed` to `desired`, in the order they are safe to run (servers,
+/// then map entries that may point at them, then certificates), or why a reload is needed.
+fn runtime_plan(
+    pushed: &FileSet,
+    desired: &FileSet,
+    address_changes: AddressChanges,
+) -> Result<Vec<RuntimeAction>, ReloadReason> {
+    let mut actions = Vec::new();
+    if pushed.haproxy_cfg.checksum != desired.haproxy_cfg.checksum {
+        let (before, after) = (parse(&pushed.haproxy_cfg.content), parse(&desired.haproxy_cfg.content));
+        match runtime_difference(&before, &after, address_changes) {
+            Some(servers) => actions.extend(servers),
+            None if runtime_difference(&before, &after, AddressChanges::Followed).is_some() => {
+                return Err(ReloadReason::ServerAddress);
+            }
+            None => return Err(ReloadReason::Configuration),
+        }
+    }
+    if !pushed.maps.keys().eq(desired.maps.keys()) {
+        return Err(ReloadReason::Map);
+    }
+    let mut removals = Vec::new();
+    for ((name, was), is) in pushed.maps.iter().zip(desired.maps.values()) {
+        if was.checksum == is.checksum {
+            continue;
+        }
+        let changes = maps::difference(name, &was.content, &is.content).ok_or(ReloadReason::Map)?;
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            changes.into_iter().partition(|action| matches!(action, RuntimeAction::DeleteMapEntry { .. }));
+        actions.extend(kept);
+        removals.extend(gone);
+    }
+    // Every map's additions before any map's removals: a route moving between maps (from
+    // exact to prefix, say) is never without an entry.
+    actions.extend(removals);
+    if !pushed.certs.keys().eq(desired.certs.keys()) {
+        return Err(ReloadReason::Certificate);
+    }
+    for ((name, was), is) in pushed.certs.iter().zip(desired.certs.values()) {
+        if was.checksum != is.checksum {
+            actions.push(RuntimeAction::RenewCertificate { name: name.clone() });
+        }
+    }
+    let general =
+        |files: &BTreeMap<String, RenderedFile>| files.iter().map(|(n, f)| (n.clone(), f.checksum)).collect::<Vec<_>>();
+    if general(&pushed.files) != general(&desired.files) {
+        return Err(ReloadReason::File);
+    }
+    Ok(actions)
+}
+
+/// The server actions that turn `old` into `new`, or `None` when a reload is needed. Sections
+/// are matched by their header; `new` may lack backend sections `old` has (they stay, unused,
+/// in the running HAProxy) but must otherwise have the same sections in the same order, since
+/// the order of sections is meaningful (a `defaults` section applies to those after it).
 pub fn runtime_difference(
     old: &ParsedConfig,
     new: &ParsedConfig,
     address_changes: AddressChanges,
 ) -> Option<Vec<RuntimeAction>> {
-    if old.preamble != new.preamble || old.sections.len() != new.sections.len() {
+    if old.preamble != new.preamble {
         return None;
     }
     let mut actions = Vec::new();
-    for (before, after) in old.sections.iter().zip(&new.sections) {
-        if before.header != after.header || before.directives != after.directives {
-            return None;
-        }
-        if before.servers.len() != after.servers.len() {
-            return None;
-        }
-        // Only backends' and listen sections' servers are runtime-addressable; a `server` in
-        // `peers` or `ring` is something else entirely.
-        let runtime_addressable = matches!(before.header.first().map(String::as_str), Some("backend" | "listen"));
-        if !runtime_addressable {
-            if before.servers != after.servers {
+    let mut old_sections = old.sections.iter();
+    for after in &new.sections {
+        // Skip the backends that are gone; any other missing section needs a reload.
+        let before = loop {
+            let candidate = old_sections.next()?;
+            if candidate.header == after.header {
+                break candidate;
+            }
+            if !is_backend(candidate) {
                 return None;
             }
-            continue;
-        }
-        let backend = before.header.get(1).cloned().unwrap_or_default();
-        for (was, is) in before.servers.iter().zip(&after.servers) {
-            actions.extend(server_difference(&backend, was, is, address_changes)?);
-        }
+        };
+        actions.extend(section_difference(before, after, address_changes)?);
+    }
+    if old_sections.any(|rest| !is_backend(rest)) {
+        return None;
+    }
+    Some(actions)
+}
+
+fn is_backend(section: &Section) -> bool {
+    section.header.first().map(String::as_str) == Some("backend")
+}
+
+fn section_difference(
+    before: &Section,
+    after: &Section,
+    address_changes: AddressChanges,
+) -> Option<Vec<RuntimeAction>> {
+    if before.directives != after.directives || before.servers.len() != after.servers.len() {
+        return None;
+    }
+    // Only backends' and listen sections' servers are runtime-addressable; a `server` in
+    // `peers` or `ring` is something else entirely.
+    let runtime_addressable = matches!(before.header.first().map(String::as_str), Some("backend" | "listen"));
+    if !runtime_addressable {
+        return (before.servers == after.servers).then(Vec::new);
+    }
+    let backend = before.header.get(1).cloned().unwrap_or_default();
+    let mut actions = Vec::new();
+    for (was, is) in before.servers.iter().zip(&after.servers) {
+        actions.extend(server_difference(&backend, was, is, address_changes)?);
     }
     Some(actions)
 }
@@ -253,9 +359,8 @@ fn server_difference(
     is: &Server,
     address_changes: AddressChanges,
 ) -> Option<Vec<RuntimeAction>> {
-    // Only backends (and listen sections) have servers the Runtime API can address; a name or
-    // any other keyword changing needs a reload. So does adding or removing a port or weight
-    // (the runtime cannot express "no port" or "default weight").
+    // A name or any other keyword changing needs a reload. So does adding or removing a port
+    // or weight (the runtime cannot express "no port" or "default weight").
     if was.name != is.name || was.rest != is.rest || was.port.is_some() != is.port.is_some() {
         return None;
     }
@@ -292,7 +397,6 @@ fn server_difference(
 #[cfg(test)]
 mod reload_reasons {
     use super::*;
-    use crate::files::{FileSet, RenderedFile};
 
     fn files(config: &str, map: &str) -> FileSet {
         FileSet {
@@ -310,11 +414,18 @@ mod reload_reasons {
         assert_eq!(reload_reason(None, &base, safe), ReloadReason::Unverified);
         assert_eq!(reload_reason(Some(&base), &files("global\n", "a be\n"), safe), ReloadReason::Configuration);
         assert_eq!(
-            reload_reason(Some(&base), &files("backend be\n    server s1 10.0.0.1:80\n", "b be\n"), safe),
-            ReloadReason::Map
+            reload_reason(Some(&base), &files("backend be\n    server s1 10.0.0.1:80\n", "a be\na other\n"), safe),
+            ReloadReason::Map,
+            "a map HAProxy would read its own way"
         );
         let moved = files("backend be\n    server s1 10.0.0.2:80\n", "a be\n");
         assert_eq!(reload_reason(Some(&base), &moved, AddressChanges::OnlyOutOfTraffic), ReloadReason::ServerAddress);
+        let mut with_file = base.clone();
+        with_file.files.insert("crt-list.txt".into(), RenderedFile::new("x.pem\n".into()));
+        assert_eq!(reload_reason(Some(&base), &with_file, safe), ReloadReason::File);
+        let mut with_cert = base.clone();
+        with_cert.certs.insert("x.pem".into(), RenderedFile::sensitive("pem".into()));
+        assert_eq!(reload_reason(Some(&base), &with_cert, safe), ReloadReason::Certificate);
         assert_eq!(reload_reason(Some(&base), &base, safe), ReloadReason::Retry);
     }
 }
@@ -331,8 +442,21 @@ frontend http\n    bind :80\n    default_backend app\n\nbackend app\n    balance
     server s1 10.0.0.1:8080 weight 10 check\n    server s2 10.0.0.2:8080 weight 10 check\n    \
 server s3 10.0.0.3:8080 weight 10 check disabled\n";
 
+    fn only_config(text: &str) -> FileSet {
+        FileSet {
+            haproxy_cfg: RenderedFile::new(text.into()),
+            maps: BTreeMap::new(),
+            files: BTreeMap::new(),
+            certs: BTreeMap::new(),
+        }
+    }
+
+    fn plan_configs(old: &str, new: &str, address_changes: AddressChanges) -> Plan {
+        plan(&only_config(old), &only_config(new), address_changes)
+    }
+
     fn plan_text(old: &str, new: &str) -> Plan {
-        plan(old, &BTreeMap::new(), new, &BTreeMap::new(), AddressChanges::Followed)
+        plan_configs(old, new, AddressChanges::Followed)
     }
 
     #[test]
@@ -391,10 +515,12 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
     }
 
     #[test]
-    fn an_auxiliary_file_change_is_a_full_sync_even_with_the_same_config() {
-        let old = BTreeMap::from([("maps/host.map".to_owned(), Checksum::of(b"a"))]);
-        let new = BTreeMap::from([("maps/host.map".to_owned(), Checksum::of(b"b"))]);
-        assert_eq!(plan(BASE, &old, BASE, &new, AddressChanges::Followed), Plan::Full);
+    fn a_general_file_change_is_a_full_sync_even_with_the_same_config() {
+        let mut old = only_config(BASE);
+        old.files.insert("503.http".into(), RenderedFile::new("a".into()));
+        let mut new = old.clone();
+        new.files.insert("503.http".into(), RenderedFile::new("b".into()));
+        assert_eq!(plan(&old, &new, AddressChanges::Followed), Plan::Full);
     }
 
     #[test]
@@ -403,8 +529,7 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
         assert_eq!(AddressChanges::of_version("2.8.25-5cf5d0683"), AddressChanges::Followed);
         assert_eq!(AddressChanges::of_version("3.2.0"), AddressChanges::Followed);
         assert_eq!(AddressChanges::of_version("garbage"), AddressChanges::OnlyOutOfTraffic);
-        let strict =
-            |old: &str, new: &str| plan(old, &BTreeMap::new(), new, &BTreeMap::new(), AddressChanges::OnlyOutOfTraffic);
+        let strict = |old: &str, new: &str| plan_configs(old, new, AddressChanges::OnlyOutOfTraffic);
         // s1 serves before and after: its open connections would stay on the old address.
         assert_eq!(strict(BASE, &BASE.replace("10.0.0.1:8080", "10.0.0.9:8080")), Plan::Full);
         assert_eq!(strict(BASE, &BASE.replace("10.0.0.1:8080", "10.0.0.1:9090")), Plan::Full);
@@ -463,6 +588,7 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
                     let has = |a: &RuntimeAction| match a {
                         RuntimeAction::SetAddress { server, .. } | RuntimeAction::SetWeight { server, .. }
                         | RuntimeAction::SetState { server, .. } => *server == name,
+                        _ => false,
                     };
                     let count = actions.iter().filter(|a| has(a)).count();
                     let expected = usize::from((ip0, port0) != (ip1, port1)) + usize::from(w0 != w1) + usize::from(d0 != d1);
@@ -479,8 +605,7 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
             seed in proptest::collection::vec(server_line(), 8),
         ) {
             let after: Vec<_> = before.iter().zip(&seed).map(|(_, s)| *s).collect();
-            let plan = plan(&config_with(&before, ""), &BTreeMap::new(), &config_with(&after, ""), &BTreeMap::new(),
-                AddressChanges::OnlyOutOfTraffic);
+            let plan = plan_configs(&config_with(&before, ""), &config_with(&after, ""), AddressChanges::OnlyOutOfTraffic);
             let serving_moved = before.iter().zip(&after)
                 .any(|((ip0, port0, _, d0), (ip1, port1, _, d1))| (ip0, port0) != (ip1, port1) && !d0 && !d1);
             match plan {

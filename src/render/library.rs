@@ -100,6 +100,7 @@ struct Route {
     index: usize,
     service: Value,
     id: Value,
+    backend: Value,
 }
 
 impl Object for Route {
@@ -117,6 +118,7 @@ impl Object for Route {
             "index" => Value::from(self.index),
             "service" => self.service.clone(),
             "id" => self.id.clone(),
+            "backend" => self.backend.clone(),
             _ => return None,
         })
     }
@@ -135,6 +137,7 @@ impl Object for Route {
             "index",
             "service",
             "id",
+            "backend",
         ])
     }
 }
@@ -146,13 +149,23 @@ impl Object for Route {
 /// a path without `path` is `/`. `prefix_key` is the path without trailing slashes plus one
 /// `/`: matched against the request path plus `/`, a string prefix match becomes the Ingress
 /// spec's element-wise one (`/foo` matches `/foo` and `/foo/bar`, not `/foobar`). `host_kind`
-/// is `exact`, `wildcard` (`*.example.com`) or `none`.
+/// is `exact`, `wildcard` (`*.example.com`) or `none`. `backend` names the backend the route
+/// goes to: `<namespace>_<service>_<port>`, shared by every route to that Service port, so
+/// that adding or removing a route to a Service that already has a backend changes map
+/// entries only; an Ingress with `haptic.dev/` annotations (settings of its backends) has
+/// backends of its own, `<namespace>_<service>_<port>_<ingress>`. A route without a Service
+/// backend goes to one named by its `id`.
 pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
     let text = |v: Option<Value>| v.map(|v| v.to_string()).unwrap_or_default();
     let metadata = attr(ingress, "metadata");
     let namespace = text(metadata.as_ref().and_then(|m| attr(m, "namespace")));
     let name = text(metadata.as_ref().and_then(|m| attr(m, "name")));
     let (namespace_value, name_value) = (Value::from(namespace.as_str()), Value::from(name.as_str()));
+    let own_backends = metadata
+        .as_ref()
+        .and_then(|m| attr(m, "annotations"))
+        .and_then(|annotations| annotations.try_iter().ok())
+        .is_some_and(|mut keys| keys.any(|key| key.as_str().is_some_and(|k| k.starts_with("haptic.dev/"))));
     let mut routes = Vec::new();
     let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
     for (rule_index, rule) in rules.iter().flat_map(|r| r.try_iter().ok()).flatten().enumerate() {
@@ -166,6 +179,12 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
             let prefix = super::filters::url_path(&prefix)?;
             let prefix_key = format!("{}/", prefix.trim_end_matches('/'));
             let service = attr(&path, "backend").and_then(|b| attr(&b, "service")).unwrap_or_default();
+            let id = format!("{namespace}_{name}_{}_{}", rule_index + 1, path_index + 1);
+            let backend = match service_backend(&service) {
+                Some(shared) if own_backends => format!("{namespace}_{shared}_{name}"),
+                Some(shared) => format!("{namespace}_{shared}"),
+                None => id.clone(),
+            };
             routes.push(Value::from_object(Route {
                 namespace: namespace_value.clone(),
                 ingress: name_value.clone(),
@@ -182,19 +201,34 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 rule: rule_index + 1,
                 index: path_index + 1,
                 service,
-                id: Value::from(format!("{namespace}_{name}_{}_{}", rule_index + 1, path_index + 1)),
+                id: Value::from(id),
+                backend: Value::from(backend),
             }));
         }
     }
     Ok(Value::from(routes))
 }
 
+/// `<service>_<port>` of an Ingress backend's `service` (`port.number`, else `port.name`), when
+/// both are plain names a backend's name can carry.
+fn service_backend(service: &Value) -> Option<String> {
+    let plain =
+        |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    let name = attr(service, "name")?.as_str().filter(|name| plain(name))?.to_owned();
+    let port = attr(service, "port")?;
+    let port = match attr(&port, "number") {
+        Some(number) => u16::try_from(number).ok()?.to_string(),
+        None => attr(&port, "name")?.as_str().filter(|name| plain(name))?.to_owned(),
+    };
+    Some(format!("{name}_{port}"))
+}
+
 /// `tls_certificate(secret)`: registers the certificate of a `kubernetes.io/tls` Secret as a
-/// file of this render (its `tls.crt` then its `tls.key`, decoded from the Secret's base64) named
-/// `<namespace>_<name>_<12 hex digits of its SHA-256>.pem`, and gives that name. The content is
-/// in the name because the Dataplane API does not give certificates back: a changed certificate
-/// is a new file, uploaded beside the old one until the configuration using it is in force. A Secret without both keys, or whose keys are
-/// not PEM, is refused and blamed; no error ever quotes the Secret's content.
+/// file of this render (its `tls.crt` then its `tls.key`, decoded from the Secret's base64)
+/// named `<namespace>_<name>.pem`, and gives that name. The name stays when the Secret is
+/// renewed, so a renewal is the same file with new content: a Runtime API change, no reload.
+/// A Secret without both keys, whose keys are not PEM, or whose key is not its certificate's
+/// is refused and blamed before any pod sees it; no error ever quotes the Secret's content.
 pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error> {
     use base64::Engine as _;
     let metadata = attr(secret, "metadata");
@@ -220,6 +254,7 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
         Ok(text)
     };
     let (certificate, key) = (decode("tls.crt")?, decode("tls.key")?);
+    crate::tls::check_pair(&certificate, &key).map_err(|error| refuse(&format!("cannot be served: {error}")))?;
     let mut pem = certificate;
     if !pem.ends_with('\n') {
         pem.push('\n');
@@ -228,8 +263,7 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
     if !pem.ends_with('\n') {
         pem.push('\n');
     }
-    let digest = crate::files::Checksum::of(pem.as_bytes()).to_string();
-    let file = super::filters::map_key(&format!("{namespace}_{name}_{}.pem", &digest[..12]))?;
+    let file = super::filters::map_key(&format!("{namespace}_{name}.pem"))?;
     Ok((file, pem))
 }
 

@@ -419,6 +419,8 @@ impl Renderer {
 fn check_file_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.chars().any(char::is_control) {
         Err(format!("{name:?} is not a usable file name"))
+    } else if name == crate::files::CERTIFICATE_MANIFEST {
+        Err(format!("{name:?} is the name of haptic's own certificate manifest on the pods"))
     } else {
         Ok(())
     }

@@ -66,7 +66,8 @@ pub struct ReloadLabels {
 /// A kind of runtime change.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuntimeActionLabels {
-    /// `server-address`, `server-weight`, `server-state`.
+    /// `server-address`, `server-weight`, `server-state`, `map-add`, `map-set`, `map-delete`,
+    /// `certificate`.
     pub kind: &'static str,
 }
 
@@ -96,6 +97,9 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabels, Counter>,
     /// Runtime changes applied (and read back) without a reload, by kind.
     pub runtime_actions: Family<RuntimeActionLabels, Counter>,
+    /// Time a runtime change took on a pod, from its request to its read-back, by kind (server
+    /// changes ride on one request with the configuration's write: each is given its time).
+    pub runtime_action_seconds: Family<RuntimeActionLabels, Histogram>,
     /// Drift found on a pod that was in sync.
     pub drift_detections: Counter,
     /// Action duration by action (validation durations among them).
@@ -127,6 +131,7 @@ impl Metrics {
             deployments: Family::default(),
             reloads: Family::default(),
             runtime_actions: Family::default(),
+            runtime_action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             drift_detections: Counter::default(),
             action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             pods: Family::default(),
@@ -154,6 +159,11 @@ impl Metrics {
             "runtime_actions",
             "Runtime changes applied and read back without a reload, by kind",
             metrics.runtime_actions.clone(),
+        );
+        registry.register(
+            "runtime_action_duration_seconds",
+            "Time of runtime changes on a pod, request to read-back, by kind",
+            metrics.runtime_action_seconds.clone(),
         );
         registry.register(
             "drift_detections",

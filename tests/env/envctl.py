@@ -482,6 +482,8 @@ def chart_file(name: str, values: dict[str, str]) -> str:
 # Where the chart mounts the volume HAProxy and its Dataplane API share (the runtime socket
 # among others). Each simulated pod sees its own directory there, as each real pod does.
 POD_RUN_MOUNT = Path("/var/run/haproxy")
+# The storage directories of a pod, seen inside it below POD_RUN_MOUNT.
+POD_STORAGE = ("maps", "general", "ssl")
 
 
 def check_pod_filesystems() -> None:
@@ -502,12 +504,17 @@ def check_pod_filesystems() -> None:
 
 def in_pod_filesystem(pod_dir: Path, command: list[str]) -> list[str]:
     """`command` run in a mount namespace of its own where POD_RUN_MOUNT is the pod's run
-    directory: both processes of one pod see the same files there, other pods see theirs. A
-    rendered configuration is the same for every pod, so a path in it (`stats socket
-    /var/run/haproxy/runtime.sock`) must mean each pod's own file, as it does in a cluster."""
-    script = 'mount --bind "$1" "$2"; shift 2; exec "$@"'
+    directory and its storage directories (maps, general files, certificates) are below it at
+    the same paths for every pod: both processes of one pod see the same files there, other
+    pods see theirs. A rendered configuration is the same for every pod, so a path in it
+    (`stats socket /var/run/haproxy/runtime.sock`, a map file) must mean each pod's own file,
+    as it does in a cluster; and HAProxy names a map by the path the configuration gives, which
+    the Dataplane API's runtime map endpoints must give back, so the two must agree."""
+    script = ('mount --bind "$1" "$2"; shift 2; '
+              'while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; shift; exec "$@"')
+    storage = [str(part) for sub in POD_STORAGE for part in (pod_dir / sub, POD_RUN_MOUNT / sub)]
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh",
-            str(pod_dir / "run"), str(POD_RUN_MOUNT), *command]
+            str(pod_dir / "run"), str(POD_RUN_MOUNT), *storage, "--", *command]
 
 
 # --------------------------------------------------------------------------- backend host
@@ -608,6 +615,8 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
     pod_dir = sup.state_dir / "pods" / name
     for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
         (pod_dir / sub).mkdir(parents=True, exist_ok=True)
+    for sub in POD_STORAGE:
+        (pod_dir / "run" / sub).mkdir(exist_ok=True)
     binary = components.haproxy[version]
     values = {
         # The chart's defaults (values.yaml): the pod's own file in its filesystem view.
@@ -622,9 +631,10 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
         "DATAPLANE_PORT": str(DATAPLANE_PORT),
         "RUN_DIR": str(pod_dir),
         "CONFIG_DIR": str(pod_dir),
-        "MAPS_DIR": str(pod_dir / "maps"),
-        "CERTS_DIR": str(pod_dir / "ssl"),
-        "GENERAL_DIR": str(pod_dir / "general"),
+        # The pod's own directories (pod_dir/maps...), at the same path in every pod.
+        "MAPS_DIR": str(POD_RUN_MOUNT / "maps"),
+        "CERTS_DIR": str(POD_RUN_MOUNT / "ssl"),
+        "GENERAL_DIR": str(POD_RUN_MOUNT / "general"),
         "HAPROXY_BIN": str(binary),
         "DATAPLANE_USERNAME": DATAPLANE_USER,
         "DATAPLANE_PASSWORD": password,

@@ -1,7 +1,11 @@
-//! Objects tests create over and over: the Dataplane credentials Secret, and "ghost" pods —
-//! Ready in Kubernetes, with an address where no Dataplane API answers.
+//! Objects tests create over and over: the Dataplane credentials Secret, "ghost" pods —
+//! Ready in Kubernetes, with an address where no Dataplane API answers — and self-signed
+//! certificates.
 
-use anyhow::{Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -31,4 +35,27 @@ pub async fn ghost_pod(client: &kube::Client, namespace: &str, name: &str, ip: &
                                                   {"type": "Ready", "status": "True"}]}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
     created.metadata.uid.context("the API server gave the pod no UID")
+}
+
+/// A self-signed certificate for `subject` (also its DNS name), valid two days, with a new key
+/// made by `openssl req -newkey <key>` (`rsa:2048`, `ec -pkeyopt ec_paramgen_curve:P-256`...),
+/// written in `dir`: the certificate's PEM and the key's PEM.
+#[allow(dead_code)]
+pub fn self_signed(dir: &Path, subject: &str, key: &[&str]) -> Result<(String, String)> {
+    let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey"])
+        .args(key)
+        .args(["-nodes", "-days", "2", "-subj"])
+        .arg(format!("/CN={subject}"))
+        .arg("-addext")
+        .arg(format!("subjectAltName=DNS:{subject}"))
+        .arg("-keyout")
+        .arg(&key_file)
+        .arg("-out")
+        .arg(&cert_file)
+        .output()
+        .context("running openssl (needed to make test certificates)")?;
+    ensure!(made.status.success(), "openssl req failed: {}", String::from_utf8_lossy(&made.stderr));
+    Ok((std::fs::read_to_string(cert_file)?, std::fs::read_to_string(key_file)?))
 }

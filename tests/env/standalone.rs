@@ -83,7 +83,7 @@ impl Haproxy {
 
 /// Puts the controller's latest render where the configuration's paths point. Certificates are
 /// never in the render directory (they hold keys): each one the crt-list names is written from
-/// the Secret it came from (`<namespace>_<secret>_<hash>.pem`).
+/// the Secret it came from (`<namespace>_<secret>.pem`).
 pub fn install_render(
     controller: &ControllerProcess,
     dir: &Path,
@@ -99,7 +99,7 @@ pub fn install_render(
             Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
         let (secret, pem) = pems
             .iter()
-            .find(|(secret, _)| file.starts_with(&format!("{namespace}_{secret}_")))
+            .find(|(secret, _)| file == format!("{namespace}_{secret}.pem"))
             .with_context(|| format!("{file} names no Secret of the test"))?;
         ensure!(
             !controller.render_dir.join("certs").join(&file).exists(),
@@ -198,16 +198,17 @@ pub async fn library_namespace(env: &super::Manifest, client: &kube::Client, tes
 }
 
 /// Applies the chart's default configuration (`haptic`) for the environment's pods: each binds
-/// its own address (`POD_IP` in its environment), keeps its files in its own directory (the
-/// one HAProxy and its Dataplane API run in), has its runtime socket where the chart puts it
-/// (each pod sees its own `/var/run/haproxy`), and is deployed to through its Dataplane API
+/// its own address (`POD_IP` in its environment), keeps its files and its runtime socket
+/// below `/var/run/haproxy` (each pod sees its own there, at the same absolute paths, which
+/// the runtime map endpoints need), and is deployed to through its Dataplane API
 /// with the credentials of the Secret `dataplane` (see `fixtures::dataplane_secret`).
 pub async fn apply_library_config_for_pods(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
     let placement = [
         ("haproxy.bindAddress", "\"${POD_IP}\"".to_owned()),
-        ("haproxy.paths.maps", "maps".into()),
-        ("haproxy.paths.general", "general".into()),
-        ("haproxy.paths.certs", "ssl".into()),
+        // Where the environment's pods see their own storage directories (envctl.py).
+        ("haproxy.paths.maps", "/var/run/haproxy/maps".into()),
+        ("haproxy.paths.general", "/var/run/haproxy/general".into()),
+        ("haproxy.paths.certs", "/var/run/haproxy/ssl".into()),
         ("haproxy.dataplane.existingSecret", "dataplane".into()),
     ];
     let env_pods =
