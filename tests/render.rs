@@ -287,7 +287,7 @@ fn slotted_config() -> HAProxyTemplateConfig {
             "{% set ready = collector() %}{% for endpoint in service_endpoints(",
         );
         *cfg = cfg.replace(
-            "    server ep_{{ endpoint.address | bare_word }} {{ endpoint.address | bare_word }}:{{ endpoint.port }}\n{% endfor %}",
+            "    server ep_{{ endpoint.address | bare_word }}_{{ endpoint.port }} {{ endpoint.address | bare_word }}:{{ endpoint.port }}\n{% endfor %}",
             "{% set _ = ready.push(endpoint) %}{% endfor %}\n{% for s in server_slots(\"be_\" ~ route.id, ready.items(), 4) %}\n    server {{ s.name | bare_word }} {{ s.address | bare_word }}:{{ s.port }}{% if not s.enabled %} disabled{% endif +%}\n{% endfor %}",
         );
         assert_ne!(*cfg, before, "the example's server loop changed; update this test");

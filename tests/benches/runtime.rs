@@ -33,6 +33,12 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const BACKEND: u16 = 18950;
+/// The mix's Services' endpoints: m0, m1, m2, and m0's second.
+const MIX_BACKEND: u16 = 18960;
+/// Past the debouncer's quiet window (500 ms): a change after it renders at once (the leading
+/// edge), as an operator's single change does; changes closer together are coalesced on
+/// purpose, and a sample would time that wait, not the path.
+const QUIET: Duration = Duration::from_millis(700);
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -147,7 +153,7 @@ async fn run_mix(
                 ingresses.delete(&format!("r{slot}"), &DeleteParams::default()).await?;
             }
             Change::Scale(true) => {
-                slices.create(&PostParams::default(), &slice("m0-extra", "m0", address, BACKEND + 1)?).await?;
+                slices.create(&PostParams::default(), &slice("m0-extra", "m0", address, MIX_BACKEND + 3)?).await?;
             }
             Change::Scale(false) => {
                 slices.delete("m0-extra", &DeleteParams::default()).await?;
@@ -158,17 +164,18 @@ async fn run_mix(
             }
         }
         // Each change deployed everywhere before the next (renders in between would coalesce).
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        tokio::time::sleep(QUIET).await;
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
     Ok(reloads(env)? - before)
 }
 
-/// The Services of the mix: `m0..m2` (with routes, so with backends) and `n0..n9`.
+/// The Services of the mix: `m0..m2` (with routes, so with backends; each its own endpoint)
+/// and `n0..n9`.
 async fn mix_services(client: &kube::Client, namespace: &str, address: &str) -> Result<()> {
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), namespace);
     for i in 0..3 {
-        service_with_endpoints(client, namespace, &format!("m{i}"), address, BACKEND).await?;
+        service_with_endpoints(client, namespace, &format!("m{i}"), address, MIX_BACKEND + i).await?;
         let ingress = ingress_to(&format!("m{i}"), &format!("m{i}.mix.example"), &format!("m{i}"))?;
         ingresses.create(&PostParams::default(), &ingress).await?;
     }
@@ -179,7 +186,8 @@ async fn mix_services(client: &kube::Client, namespace: &str, address: &str) -> 
 }
 
 /// The example templates, placed for the environment's pods (their address, their storage
-/// and runtime socket below /var/run/haproxy, the HTTP port 8080) and watching `namespace`.
+/// and runtime socket below /var/run/haproxy, the HTTP port 8080, a `maxconn` their file limit
+/// allows) and watching `namespace`.
 fn example_spec(namespace: &str) -> Result<serde_json::Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/config.yaml");
     let config = haptic::offline::load_config(&path)?;
@@ -192,6 +200,8 @@ fn example_spec(namespace: &str) -> Result<serde_json::Value> {
     spec["dataplane"]["generalDir"] = json!("/var/run/haproxy/general");
     spec["dataplane"]["credentialsSecretRef"] = json!({"name": "dataplane"});
     spec["templates"]["extraContext"]["httpBind"] = json!("\"${POD_IP}\":8080");
+    // The environment's processes may open 20,000 files; 20,000 connections need twice that.
+    spec["templates"]["extraContext"]["maxconn"] = json!(2000);
     let config = spec["templates"]["haproxyConfig"].as_str().context("haproxyConfig")?;
     spec["templates"]["haproxyConfig"] =
         json!(config.replace("/var/run/haproxy-runtime.sock", "/var/run/haproxy/runtime.sock"));
@@ -208,7 +218,15 @@ async fn main() -> Result<()> {
     let _backends = start_backends(
         work.path(),
         &address,
-        &[("web-a".into(), BACKEND), ("web-b".into(), BACKEND + 1), ("fresh".into(), BACKEND + 2)],
+        &[
+            ("web-a".into(), BACKEND),
+            ("web-b".into(), BACKEND + 1),
+            ("fresh".into(), BACKEND + 2),
+            ("m0".into(), MIX_BACKEND),
+            ("m1".into(), MIX_BACKEND + 1),
+            ("m2".into(), MIX_BACKEND + 2),
+            ("m0".into(), MIX_BACKEND + 3),
+        ],
     )?;
 
     // The chart's library.
@@ -230,6 +248,7 @@ async fn main() -> Result<()> {
     let before = reloads(env)?;
     for i in 0..samples {
         let host = format!("route{i}.bench.example");
+        tokio::time::sleep(QUIET).await;
         let started = Instant::now();
         ingresses.create(&PostParams::default(), &ingress(&host, "web")?).await?;
         served(env, &host, "web-a").await.with_context(|| controller.log_tail())?;
@@ -242,6 +261,7 @@ async fn main() -> Result<()> {
     let mut server_samples = Vec::new();
     let before = reloads(env)?;
     for _ in 0..samples {
+        tokio::time::sleep(QUIET).await;
         let started = Instant::now();
         slices.create(&PostParams::default(), &slice("web-b", "web", &address, BACKEND + 1)?).await?;
         // Round robin between the two: web-b answers once its server takes traffic.
@@ -249,7 +269,7 @@ async fn main() -> Result<()> {
         server_samples.push(started.elapsed());
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
         slices.delete("web-b", &DeleteParams::default()).await?;
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        tokio::time::sleep(QUIET).await;
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
     let server_reloads = reloads(env)? - before;
@@ -279,7 +299,7 @@ async fn main() -> Result<()> {
     let journal = example_dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &example, "test", example_dir, &journal, &Launch::default())?;
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
-    served(env, "m0.mix.example", "web-a").await.with_context(|| controller.log_tail())?;
+    served(env, "m0.mix.example", "m0").await.with_context(|| controller.log_tail())?;
     let example_mix = run_mix(env, &client, &example, &controller, &address).await?;
 
     println!("{} live pods (HAProxy {})", env.pods.len(), {
