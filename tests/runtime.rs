@@ -30,6 +30,8 @@ const SERVICES: [&str; 4] = ["s0", "s1", "s2", "s3"];
 const SERVICE_PORT: u16 = 18900;
 /// The Service that scales, and its endpoints' ports (the third comes and goes).
 const WEB_PORTS: [u16; 3] = [18910, 18911, 18912];
+/// Endpoints that take the web Service past its ten slots.
+const GROWTH_PORTS: [u16; 9] = [18913, 18914, 18915, 18916, 18917, 18918, 18919, 18920, 18921];
 /// The churned Ingresses, and the hosts and paths they take.
 const CHURN: usize = 8;
 const HOSTS: usize = 10;
@@ -215,7 +217,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     let address = backend_host_address()?;
     let mut specs: Vec<(String, u16)> =
         SERVICES.iter().enumerate().map(|(i, name)| ((*name).to_owned(), SERVICE_PORT + i as u16)).collect();
-    specs.extend(WEB_PORTS.iter().map(|port| ("web".to_owned(), *port)));
+    specs.extend(WEB_PORTS.iter().chain(&GROWTH_PORTS).map(|port| ("web".to_owned(), *port)));
     let _backends = start_backends(work.path(), &address, &specs)?;
     for (i, service) in SERVICES.iter().enumerate() {
         service_with_endpoints(&client, &namespace, service, &address, SERVICE_PORT + i as u16).await?;
@@ -404,6 +406,18 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
             }
         }
     }
+    // The web Service grows past its backend's ten slots: ten more servers, added to the
+    // running backends as dynamic servers (the first in traffic, the rest free), no reload.
+    for port in GROWTH_PORTS {
+        slices.create(&PostParams::default(), &web_slice(port)?).await?;
+    }
+    render = every_pod_runs_next_render(&controller, pods, &render).await?;
+    let config = std::fs::read_to_string(controller.render_dir.join("haproxy.cfg"))?;
+    ensure!(config.contains("server srv20 "), "the web backend did not grow to 20 slots:\n{config}");
+    for pod in &env.pods {
+        let got = answer(&http, pod, "web.rt.example", "/").await;
+        ensure!(got == "backend=web", "{} answered web.rt.example with {got} after the growth", pod.name);
+    }
     let elapsed = started.elapsed();
     let mut after = Vec::new();
     for pod in &env.pods {
@@ -413,7 +427,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     let reasons: Vec<&str> = metrics.lines().filter(|l| l.starts_with("haptic_reloads_total")).collect();
     for ((pod, before), after) in env.pods.iter().zip(&before).zip(&after) {
         let reloads = after.reloads - before.reloads;
-        println!("{}: {reloads} reloads over 140 changes in {elapsed:.1?}", pod.name);
+        println!("{}: {reloads} reloads over 140 changes and a growth past the slots in {elapsed:.1?}", pod.name);
         ensure!(
             reloads == 0,
             "{}: {reloads} reloads over 100 route changes, 20 renewals and 20 scale steps; by reason:\n{}\n{}",
@@ -428,7 +442,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
         ensure!(quiet < Duration::from_secs(2), "{name}: the streaming answer has been silent for {quiet:?}");
     }
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
-    for kind in ["map-add", "map-set", "map-delete", "certificate", "server-state"] {
+    for kind in ["map-add", "map-set", "map-delete", "certificate", "server-state", "server-add"] {
         let count = counted(&metrics, &format!("haptic_runtime_actions_total{{kind=\"{kind}\"}}"));
         ensure!(count > 0.0, "no runtime action of kind {kind} counted");
     }

@@ -463,6 +463,35 @@ impl DataplaneClient {
         answers::parse_runtime_server(&body).map_err(|detail| self.unreadable(&path, detail))
     }
 
+    /// `add server`: a server the running backend does not have (it starts in maintenance).
+    pub async fn add_runtime_server(
+        &self,
+        backend: &str,
+        server: &str,
+        address: &str,
+        port: u16,
+        weight: Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/backends/{}/servers", segment(backend));
+        let mut body = serde_json::json!({"name": server, "address": address, "port": port});
+        if let Some(weight) = weight {
+            body["weight"] = serde_json::json!(weight);
+        }
+        self.send_json(Method::POST, &path, body.to_string(), &[StatusCode::CREATED]).await
+    }
+
+    /// Puts a running server in traffic (`ready`) or out of it (`maint`).
+    pub async fn set_runtime_server_state(
+        &self,
+        backend: &str,
+        server: &str,
+        state: &str,
+    ) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/backends/{}/servers/{}", segment(backend), segment(server));
+        let body = serde_json::json!({"admin_state": state}).to_string();
+        self.send_json(Method::PUT, &path, body, &[StatusCode::OK]).await
+    }
+
     /// `GET /services/haproxy/runtime/maps/{map}/entries`: a map as the running HAProxy has it.
     pub async fn runtime_map_entries(&self, map: &str) -> Result<Vec<(String, String)>, DataplaneError> {
         let path = format!("services/haproxy/runtime/maps/{}/entries", segment(map));

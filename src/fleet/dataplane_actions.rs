@@ -377,6 +377,36 @@ impl DataplaneActions {
     }
 }
 
+/// Adds the servers the configuration (already written) gained, puts those that take traffic
+/// in it, and reads each back.
+async fn add_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Result<(), String> {
+    for action in actions {
+        let RuntimeAction::AddServer { backend, server, address, port, weight, ready } = action else { continue };
+        let started = Instant::now();
+        let number = |text: &str| text.parse::<u32>().map_err(|_| format!("{action}: {text} is not a number"));
+        let port_number = u16::try_from(number(port)?).map_err(|_| format!("{action}: no such port"))?;
+        let weight = weight.as_deref().map(number).transpose()?;
+        client
+            .add_runtime_server(backend, server, address, port_number, weight)
+            .await
+            .map_err(|error| format!("{action}: {error}"))?;
+        if *ready {
+            client
+                .set_runtime_server_state(backend, server, "ready")
+                .await
+                .map_err(|error| format!("{action}: {error}"))?;
+        }
+        let seen =
+            client.runtime_server(backend, server).await.map_err(|error| format!("reading {server} back: {error}"))?;
+        let state = if *ready { "ready" } else { "maint" };
+        if seen.address != *address || seen.port != Some(port_number) || seen.admin_state != state {
+            return Err(format!("the running HAProxy does not show {action} ({state})"));
+        }
+        observe(action, started);
+    }
+    Ok(())
+}
+
 /// Records how long a runtime change took, by its kind.
 fn observe(action: &RuntimeAction, started: Instant) {
     let labels = crate::telemetry::metrics::RuntimeActionLabels { kind: action.kind() };
@@ -558,11 +588,15 @@ impl PodActions for DataplaneActions {
             }
         }
         let written_at = copy.map(|c: StoredCopy| c.version);
+        let build_on = Some(written_at.unwrap_or(base));
+        if let Err(detail) = add_servers(&client, actions).await {
+            tracing::warn!(pod = %pod.name, %detail, "a server could not be added at run time; full sync");
+            return Ok(Patched::NotTaken(build_on));
+        }
+        // A failure from here on leaves the configuration where it was or where this patch put
+        // it: the full sync that follows writes on top of that (`build_on`).
         // Maps and certificates: each file is stored first (a reload from here on starts from
         // the desired files), then changed in the running HAProxy, then read back.
-        // A failure from here on leaves the configuration where it was or where this patch put
-        // it: the full sync that follows writes on top of that.
-        let build_on = Some(written_at.unwrap_or(base));
         if let Err(detail) = self.patch_maps(&client, desired, actions).await {
             tracing::warn!(pod = %pod.name, %detail, "a map change did not take at run time; full sync");
             return Ok(Patched::NotTaken(build_on));

@@ -59,6 +59,23 @@ pub enum RuntimeAction {
         /// Whether it takes traffic.
         ready: bool,
     },
+    /// `add server <backend>/<server> <address>:<port> [weight <w>]`: a server the running
+    /// backend does not have (a dynamic server, HAProxy 2.6 and later), put in traffic when
+    /// `ready` (a new server starts in maintenance).
+    AddServer {
+        /// The backend.
+        backend: String,
+        /// The new server's name.
+        server: String,
+        /// Its address.
+        address: String,
+        /// Its port.
+        port: String,
+        /// Its weight, when the configuration gives one.
+        weight: Option<String>,
+        /// Whether it takes traffic.
+        ready: bool,
+    },
     /// `add map <map> <key> <value>`: a key the running map does not have.
     AddMapEntry {
         /// The map file's name (`host-exact.map`).
@@ -98,6 +115,7 @@ impl RuntimeAction {
             Self::SetAddress { .. } => "server-address",
             Self::SetWeight { .. } => "server-weight",
             Self::SetState { .. } => "server-state",
+            Self::AddServer { .. } => "server-add",
             Self::AddMapEntry { .. } => "map-add",
             Self::SetMapEntry { .. } => "map-set",
             Self::DeleteMapEntry { .. } => "map-delete",
@@ -105,8 +123,8 @@ impl RuntimeAction {
         }
     }
 
-    /// Whether it changes a server (sent with the configuration's write, as the Dataplane
-    /// API's `X-Runtime-Actions`).
+    /// Whether it changes an existing server (sent with the configuration's write, as the
+    /// Dataplane API's `X-Runtime-Actions`; a new server is added after that write).
     pub fn is_server_action(&self) -> bool {
         matches!(self, Self::SetAddress { .. } | Self::SetWeight { .. } | Self::SetState { .. })
     }
@@ -123,6 +141,9 @@ impl fmt::Display for RuntimeAction {
             Self::SetWeight { backend, server, weight } => write!(f, "SetServerWeight {backend} {server} {weight}"),
             Self::SetState { backend, server, ready } => {
                 write!(f, "SetServerState {backend} {server} {}", if *ready { "ready" } else { "maint" })
+            }
+            Self::AddServer { backend, server, address, port, .. } => {
+                write!(f, "add server {backend}/{server} {address}:{port}")
             }
             Self::AddMapEntry { map, key, value } => write!(f, "add map {map} {key} {value}"),
             Self::SetMapEntry { map, key, value } => write!(f, "set map {map} {key} {value}"),
@@ -336,7 +357,8 @@ fn section_difference(
     after: &Section,
     address_changes: AddressChanges,
 ) -> Option<Vec<RuntimeAction>> {
-    if before.directives != after.directives || before.servers.len() != after.servers.len() {
+    // Servers may be added at the end (a backend's slots growing), never removed or reordered.
+    if before.directives != after.directives || before.servers.len() > after.servers.len() {
         return None;
     }
     // Only backends' and listen sections' servers are runtime-addressable; a `server` in
@@ -345,12 +367,35 @@ fn section_difference(
     if !runtime_addressable {
         return (before.servers == after.servers).then(Vec::new);
     }
+    if before.servers.len() != after.servers.len() && before.header.first().map(String::as_str) != Some("backend") {
+        return None;
+    }
     let backend = before.header.get(1).cloned().unwrap_or_default();
     let mut actions = Vec::new();
     for (was, is) in before.servers.iter().zip(&after.servers) {
         actions.extend(server_difference(&backend, was, is, address_changes)?);
     }
+    for added in &after.servers[before.servers.len()..] {
+        actions.push(added_server(&backend, before, added)?);
+    }
     Some(actions)
+}
+
+/// A server the backend gains, when `add server` can make it as the configuration says: a new
+/// name, an address and port, and nothing but a weight and `disabled` besides (any other
+/// keyword, `check` say, would need more than `add server` does).
+fn added_server(backend: &str, before: &Section, added: &Server) -> Option<RuntimeAction> {
+    if !added.rest.is_empty() || before.servers.iter().any(|server| server.name == added.name) {
+        return None;
+    }
+    Some(RuntimeAction::AddServer {
+        backend: backend.to_owned(),
+        server: added.name.clone(),
+        address: added.address.clone(),
+        port: added.port.clone()?,
+        weight: added.weight.clone(),
+        ready: !added.disabled,
+    })
 }
 
 fn server_difference(
@@ -482,7 +527,7 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
     fn everything_else_is_a_full_sync() {
         let cases = [
             ("a timeout", BASE.replace("timeout client 30s", "timeout client 31s")),
-            ("a new server", BASE.replace("disabled\n", "disabled\n    server s4 10.0.0.4:8080\n")),
+            ("a new server with options", BASE.replace("disabled\n", "disabled\n    server s4 10.0.0.4:8080 check\n")),
             ("a removed server", BASE.replace("    server s2 10.0.0.2:8080 weight 10 check\n", "")),
             ("a renamed server", BASE.replace("server s2 ", "server s9 ")),
             (
@@ -512,6 +557,45 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
         for (what, new) in cases {
             assert_eq!(plan_text(BASE, &new), Plan::Full, "{what}");
         }
+    }
+
+    #[test]
+    fn servers_added_at_the_end_of_a_backend_are_dynamic_servers() {
+        let grown = BASE.replace(
+            "disabled\n",
+            "disabled\n    server s4 10.0.0.4:8080 weight 5\n    server s5 127.0.0.1:1 disabled\n",
+        );
+        let Plan::Runtime(actions) = plan_text(BASE, &grown) else { panic!("servers added at run time") };
+        assert_eq!(
+            actions,
+            [
+                RuntimeAction::AddServer {
+                    backend: "app".into(),
+                    server: "s4".into(),
+                    address: "10.0.0.4".into(),
+                    port: "8080".into(),
+                    weight: Some("5".into()),
+                    ready: true,
+                },
+                RuntimeAction::AddServer {
+                    backend: "app".into(),
+                    server: "s5".into(),
+                    address: "127.0.0.1".into(),
+                    port: "1".into(),
+                    weight: None,
+                    ready: false,
+                },
+            ]
+        );
+        assert_eq!(runtime_actions_header(&actions), "", "not an X-Runtime-Actions action");
+        // Not in a listen section, not before the others, not under a name already there.
+        let listen = format!("{BASE}\nlisten l\n    bind :81\n");
+        let listen_grown = format!("{listen}    server l1 10.0.0.9:80\n");
+        assert_eq!(plan_text(&listen, &listen_grown), Plan::Full);
+        let first = BASE.replace("server s1 ", "server s0 10.0.0.4:8080\n    server s1 ");
+        assert_eq!(plan_text(BASE, &first), Plan::Full);
+        let twice = BASE.replace("disabled\n", "disabled\n    server s2 10.0.0.4:8080\n");
+        assert_eq!(plan_text(BASE, &twice), Plan::Full);
     }
 
     #[test]

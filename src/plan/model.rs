@@ -45,7 +45,7 @@ impl World {
             config.push_str(&format!("\nbackend {name}\n    balance roundrobin\n"));
             for (i, (ip, port, weight, disabled)) in slots.iter().enumerate() {
                 let state = if *disabled { " disabled" } else { "" };
-                config.push_str(&format!("    server s{i} 10.0.0.{ip}:{port} weight {weight} check{state}\n"));
+                config.push_str(&format!("    server s{i} 10.0.0.{ip}:{port} weight {weight}{state}\n"));
             }
         }
         // Lines in an order of their own: the answer must not depend on it.
@@ -91,6 +91,15 @@ impl Running {
             RuntimeAction::SetState { backend, server: name, ready } => {
                 self.servers.get_mut(&(backend.clone(), name.clone())).ok_or_else(missing)?.3 = !ready;
             }
+            RuntimeAction::AddServer { backend, server, address, port, weight, ready } => {
+                if !self.backends().contains(backend) {
+                    return Err(format!("{action}: no such backend"));
+                }
+                let state = (address.clone(), port.clone(), weight.clone().unwrap_or_default(), !ready);
+                if self.servers.insert((backend.clone(), server.clone()), state).is_some() {
+                    return Err(format!("{action}: the server exists"));
+                }
+            }
             RuntimeAction::AddMapEntry { map, key, value } => {
                 let entries = self.maps.get_mut(map).ok_or("no such map")?;
                 if entries.insert(key.clone(), value.clone()).is_some() {
@@ -126,6 +135,7 @@ enum Change {
     Renew(usize, u8),
     RemoveBackend(usize),
     AddBackend(u8),
+    /// A slot added at the end of a backend (a dynamic server).
     AddServer(usize),
     Timeout(u8),
     AddCertificate(u8),
@@ -203,7 +213,8 @@ impl World {
                 self.backends.entry(format!("be_new{n}")).or_insert_with(|| vec![(9, 80, 1, false)]);
             }
             Change::AddServer(b) => {
-                self.backends.get_mut(&names[b % names.len()]).expect("listed").push((9, 80, 1, true));
+                // A slot taken at once, or a free one (disabled).
+                self.backends.get_mut(&names[b % names.len()]).expect("listed").push((9, 80, 1, b % 2 == 0));
             }
             Change::Timeout(t) => self.timeout = t,
             Change::AddCertificate(n) => {
@@ -221,7 +232,7 @@ impl World {
 /// Whether going from `a` to `b` needs something the Runtime API cannot do.
 fn needs_reload(a: &World, b: &World) -> bool {
     b.backends.keys().any(|name| !a.backends.contains_key(name))
-        || b.backends.iter().any(|(name, slots)| a.backends[name].len() != slots.len())
+        || b.backends.iter().any(|(name, slots)| a.backends[name].len() > slots.len())
         || a.timeout != b.timeout
         || !a.certs.keys().eq(b.certs.keys())
 }

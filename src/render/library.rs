@@ -267,8 +267,8 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
     Ok((file, pem))
 }
 
-/// Slots added at a time when a backend runs out (a reload adds ten servers at once, so the
-/// next nine scale-ups are runtime changes).
+/// Slots added at a time when a backend runs out: ten servers at once (dynamic servers, added
+/// at run time), so the next nine scale-ups change only addresses and states.
 pub(crate) const DEFAULT_SLOT_BLOCK: usize = 10;
 
 /// `server_slots(backend, endpoints, block=10)`: the backend's servers with stable names, one
