@@ -442,7 +442,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
         ensure!(quiet < Duration::from_secs(2), "{name}: the streaming answer has been silent for {quiet:?}");
     }
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
-    for kind in ["map-add", "map-set", "map-delete", "certificate", "server-state", "server-add"] {
+    for kind in ["map-add", "map-set", "map-delete", "certificate", "server-state", "server-add", "server-replace"] {
         let count = counted(&metrics, &format!("haptic_runtime_actions_total{{kind=\"{kind}\"}}"));
         ensure!(count > 0.0, "no runtime action of kind {kind} counted");
     }

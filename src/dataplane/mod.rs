@@ -480,6 +480,12 @@ impl DataplaneClient {
         self.send_json(Method::POST, &path, body.to_string(), &[StatusCode::CREATED]).await
     }
 
+    /// `del server`: removes a server out of traffic from the running backend.
+    pub async fn delete_runtime_server(&self, backend: &str, server: &str) -> Result<(), DataplaneError> {
+        let path = format!("services/haproxy/runtime/backends/{}/servers/{}", segment(backend), segment(server));
+        self.send_expecting(Method::DELETE, &path, None, &[StatusCode::NO_CONTENT]).await.map(|_| ())
+    }
+
     /// Puts a running server in traffic (`ready`) or out of it (`maint`).
     pub async fn set_runtime_server_state(
         &self,

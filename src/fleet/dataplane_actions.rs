@@ -377,15 +377,55 @@ impl DataplaneActions {
     }
 }
 
+/// Takes free slots for new endpoints: `del server`, `add server` at the new address, `ready`,
+/// read back.
+async fn replace_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Result<(), String> {
+    for action in actions {
+        let RuntimeAction::ReplaceServer { backend, server, address, port, weight } = action else { continue };
+        let started = Instant::now();
+        let (port_number, weight) = numbers(action, port, weight.as_deref())?;
+        let failed = |error: DataplaneError| format!("{action}: {error}");
+        client.delete_runtime_server(backend, server).await.map_err(failed)?;
+        client.add_runtime_server(backend, server, address, port_number, weight).await.map_err(failed)?;
+        client.set_runtime_server_state(backend, server, "ready").await.map_err(failed)?;
+        read_server_back(client, action, backend, server, address, port_number, "ready").await?;
+        observe(action, started);
+    }
+    Ok(())
+}
+
+/// A server action's port and weight as numbers.
+fn numbers(action: &RuntimeAction, port: &str, weight: Option<&str>) -> Result<(u16, Option<u32>), String> {
+    let port = port.parse::<u16>().map_err(|_| format!("{action}: {port} is not a port"))?;
+    let weight = weight.map(|w| w.parse::<u32>().map_err(|_| format!("{action}: {w} is not a weight"))).transpose()?;
+    Ok((port, weight))
+}
+
+/// Whether the running HAProxy shows `server` at `address:port` in `state`.
+async fn read_server_back(
+    client: &DataplaneClient,
+    action: &RuntimeAction,
+    backend: &str,
+    server: &str,
+    address: &str,
+    port: u16,
+    state: &str,
+) -> Result<(), String> {
+    let seen =
+        client.runtime_server(backend, server).await.map_err(|error| format!("reading {server} back: {error}"))?;
+    if seen.address != address || seen.port != Some(port) || seen.admin_state != state {
+        return Err(format!("the running HAProxy does not show {action} ({state})"));
+    }
+    Ok(())
+}
+
 /// Adds the servers the configuration (already written) gained, puts those that take traffic
 /// in it, and reads each back.
 async fn add_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Result<(), String> {
     for action in actions {
         let RuntimeAction::AddServer { backend, server, address, port, weight, ready } = action else { continue };
         let started = Instant::now();
-        let number = |text: &str| text.parse::<u32>().map_err(|_| format!("{action}: {text} is not a number"));
-        let port_number = u16::try_from(number(port)?).map_err(|_| format!("{action}: no such port"))?;
-        let weight = weight.as_deref().map(number).transpose()?;
+        let (port_number, weight) = numbers(action, port, weight.as_deref())?;
         client
             .add_runtime_server(backend, server, address, port_number, weight)
             .await
@@ -396,12 +436,8 @@ async fn add_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Res
                 .await
                 .map_err(|error| format!("{action}: {error}"))?;
         }
-        let seen =
-            client.runtime_server(backend, server).await.map_err(|error| format!("reading {server} back: {error}"))?;
         let state = if *ready { "ready" } else { "maint" };
-        if seen.address != *address || seen.port != Some(port_number) || seen.admin_state != state {
-            return Err(format!("the running HAProxy does not show {action} ({state})"));
-        }
+        read_server_back(client, action, backend, server, address, port_number, state).await?;
         observe(action, started);
     }
     Ok(())
@@ -575,6 +611,12 @@ impl PodActions for DataplaneActions {
         base: ConfigVersion,
     ) -> Result<Patched, ActionError> {
         let client = self.client(pod)?;
+        // Free slots taken first: three quick runtime commands each, not waiting for the
+        // configuration's write (which checks the whole configuration before it returns).
+        if let Err(detail) = replace_servers(&client, actions).await {
+            tracing::warn!(pod = %pod.name, %detail, "a free slot could not be taken at run time; full sync");
+            return Ok(Patched::NotTaken(Some(base)));
+        }
         let servers: Vec<&RuntimeAction> = actions.iter().filter(|a| a.is_server_action()).collect();
         let mut copy = None;
         if rewrite_config || !servers.is_empty() {

@@ -76,6 +76,22 @@ pub enum RuntimeAction {
         /// Whether it takes traffic.
         ready: bool,
     },
+    /// `del server` + `add server` + `ready`: a server out of traffic (a free slot) taken by
+    /// an endpoint at a new address. Three quick runtime commands that do not wait for the
+    /// configuration's write, which checks the whole configuration first (the slower path an
+    /// address change through `X-Runtime-Actions` takes).
+    ReplaceServer {
+        /// The backend.
+        backend: String,
+        /// The server.
+        server: String,
+        /// Its new address.
+        address: String,
+        /// Its new port.
+        port: String,
+        /// Its weight, when the configuration gives one.
+        weight: Option<String>,
+    },
     /// `add map <map> <key> <value>`: a key the running map does not have.
     AddMapEntry {
         /// The map file's name (`host-exact.map`).
@@ -116,6 +132,7 @@ impl RuntimeAction {
             Self::SetWeight { .. } => "server-weight",
             Self::SetState { .. } => "server-state",
             Self::AddServer { .. } => "server-add",
+            Self::ReplaceServer { .. } => "server-replace",
             Self::AddMapEntry { .. } => "map-add",
             Self::SetMapEntry { .. } => "map-set",
             Self::DeleteMapEntry { .. } => "map-delete",
@@ -144,6 +161,9 @@ impl fmt::Display for RuntimeAction {
             }
             Self::AddServer { backend, server, address, port, .. } => {
                 write!(f, "add server {backend}/{server} {address}:{port}")
+            }
+            Self::ReplaceServer { backend, server, address, port, .. } => {
+                write!(f, "del server + add server {backend}/{server} {address}:{port}")
             }
             Self::AddMapEntry { map, key, value } => write!(f, "add map {map} {key} {value}"),
             Self::SetMapEntry { map, key, value } => write!(f, "set map {map} {key} {value}"),
@@ -327,6 +347,12 @@ pub fn runtime_difference(
     if old.preamble != new.preamble {
         return None;
     }
+    // Dynamic servers (`add server`) do not take `default-server` settings: with any, servers
+    // are only ever changed in place.
+    let dynamic = !new
+        .sections
+        .iter()
+        .any(|s| s.directives.iter().any(|d| d.first().map(String::as_str) == Some("default-server")));
     let mut actions = Vec::new();
     let mut old_sections = old.sections.iter();
     for after in &new.sections {
@@ -340,7 +366,7 @@ pub fn runtime_difference(
                 return None;
             }
         };
-        actions.extend(section_difference(before, after, address_changes)?);
+        actions.extend(section_difference(before, after, address_changes, dynamic)?);
     }
     if old_sections.any(|rest| !is_backend(rest)) {
         return None;
@@ -356,6 +382,7 @@ fn section_difference(
     before: &Section,
     after: &Section,
     address_changes: AddressChanges,
+    dynamic: bool,
 ) -> Option<Vec<RuntimeAction>> {
     // Servers may be added at the end (a backend's slots growing), never removed or reordered.
     if before.directives != after.directives || before.servers.len() > after.servers.len() {
@@ -373,10 +400,10 @@ fn section_difference(
     let backend = before.header.get(1).cloned().unwrap_or_default();
     let mut actions = Vec::new();
     for (was, is) in before.servers.iter().zip(&after.servers) {
-        actions.extend(server_difference(&backend, was, is, address_changes)?);
+        actions.extend(server_difference(&backend, was, is, address_changes, dynamic)?);
     }
     for added in &after.servers[before.servers.len()..] {
-        actions.push(added_server(&backend, before, added)?);
+        actions.push(added_server(&backend, before, added).filter(|_| dynamic)?);
     }
     Some(actions)
 }
@@ -403,6 +430,7 @@ fn server_difference(
     was: &Server,
     is: &Server,
     address_changes: AddressChanges,
+    dynamic: bool,
 ) -> Option<Vec<RuntimeAction>> {
     // A name or any other keyword changing needs a reload. So does adding or removing a port
     // or weight (the runtime cannot express "no port" or "default weight").
@@ -416,8 +444,24 @@ fn server_difference(
     if moved && !was.disabled && !is.disabled && address_changes == AddressChanges::OnlyOutOfTraffic {
         return None;
     }
-    let mut actions = Vec::new();
     let (server, backend) = (is.name.clone(), backend.to_owned());
+    // A free slot taken: replaced at once, without waiting for the configuration's write.
+    if moved
+        && was.disabled
+        && !is.disabled
+        && dynamic
+        && is.rest.is_empty()
+        && let Some(port) = is.port.clone()
+    {
+        return Some(vec![RuntimeAction::ReplaceServer {
+            backend,
+            server,
+            address: is.address.clone(),
+            port,
+            weight: is.weight.clone(),
+        }]);
+    }
+    let mut actions = Vec::new();
     if moved {
         actions.push(RuntimeAction::SetAddress {
             backend: backend.clone(),
@@ -596,6 +640,29 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
         assert_eq!(plan_text(BASE, &first), Plan::Full);
         let twice = BASE.replace("disabled\n", "disabled\n    server s2 10.0.0.4:8080\n");
         assert_eq!(plan_text(BASE, &twice), Plan::Full);
+    }
+
+    #[test]
+    fn a_free_slot_taken_is_a_replaced_server_unless_default_server_settings_apply() {
+        let free = "backend app\n    server s1 10.0.0.1:80\n    server s2 127.0.0.1:1 disabled\n";
+        let taken = free.replace("127.0.0.1:1 disabled", "10.0.0.2:8080");
+        assert_eq!(
+            plan_text(free, &taken),
+            Plan::Runtime(vec![RuntimeAction::ReplaceServer {
+                backend: "app".into(),
+                server: "s2".into(),
+                address: "10.0.0.2".into(),
+                port: "8080".into(),
+                weight: None,
+            }])
+        );
+        let with_defaults = |text: &str| format!("defaults\n    default-server inter 2s\n{text}");
+        let Plan::Runtime(actions) = plan_text(&with_defaults(free), &with_defaults(&taken)) else {
+            panic!("still a runtime change")
+        };
+        assert_eq!(runtime_actions_header(&actions), "SetServerAddr app s2 10.0.0.2 8080;SetServerState app s2 ready");
+        let grown = format!("{free}    server s3 10.0.0.3:80\n");
+        assert_eq!(plan_text(&with_defaults(free), &with_defaults(&grown)), Plan::Full, "no dynamic servers");
     }
 
     #[test]

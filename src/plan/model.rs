@@ -100,6 +100,13 @@ impl Running {
                     return Err(format!("{action}: the server exists"));
                 }
             }
+            RuntimeAction::ReplaceServer { backend, server: name, address, port, weight } => {
+                let entry = self.servers.get_mut(&(backend.clone(), name.clone())).ok_or_else(missing)?;
+                if !entry.3 {
+                    return Err(format!("{action}: del server refuses a server in traffic"));
+                }
+                *entry = (address.clone(), port.clone(), weight.clone().unwrap_or_default(), false);
+            }
             RuntimeAction::AddMapEntry { map, key, value } => {
                 let entries = self.maps.get_mut(map).ok_or("no such map")?;
                 if entries.insert(key.clone(), value.clone()).is_some() {
