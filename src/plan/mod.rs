@@ -355,7 +355,15 @@ pub fn runtime_difference(
         .any(|s| s.directives.iter().any(|d| d.first().map(String::as_str) == Some("default-server")));
     let mut actions = Vec::new();
     let mut old_sections = old.sections.iter();
+    // The load-balancing algorithm the last `defaults` section sets for the sections after it.
+    let mut inherited_balance: Option<bool> = None;
     for after in &new.sections {
+        let own_balance = balance_takes_dynamic_servers(after);
+        if after.header.first().map(String::as_str) == Some("defaults") {
+            inherited_balance = own_balance;
+        }
+        // HAProxy adds servers at run time only to backends balancing dynamically.
+        let dynamic = dynamic && own_balance.or(inherited_balance).unwrap_or(true);
         // Skip the backends that are gone; any other missing section needs a reload.
         let before = loop {
             let candidate = old_sections.next()?;
@@ -372,6 +380,13 @@ pub fn runtime_difference(
         return None;
     }
     Some(actions)
+}
+
+/// Whether a section's `balance` (when it has one) lets HAProxy add servers at run time:
+/// `roundrobin`, `leastconn`, `first` and `random` do; static and hash-based ones do not.
+fn balance_takes_dynamic_servers(section: &Section) -> Option<bool> {
+    let balance = section.directives.iter().rev().find(|d| d.first().map(String::as_str) == Some("balance"))?;
+    Some(matches!(balance.get(1).map(String::as_str), Some("roundrobin" | "leastconn" | "first" | "random")))
 }
 
 fn is_backend(section: &Section) -> bool {
@@ -663,6 +678,15 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
         assert_eq!(runtime_actions_header(&actions), "SetServerAddr app s2 10.0.0.2 8080;SetServerState app s2 ready");
         let grown = format!("{free}    server s3 10.0.0.3:80\n");
         assert_eq!(plan_text(&with_defaults(free), &with_defaults(&grown)), Plan::Full, "no dynamic servers");
+        // Nor where the backend balances by a hash, itself or from its defaults.
+        let hashed = |text: &str| text.replace("backend app\n", "backend app\n    balance source\n");
+        assert_eq!(plan_text(&hashed(free), &hashed(&grown)), Plan::Full);
+        let Plan::Runtime(actions) = plan_text(&hashed(free), &hashed(&taken)) else { panic!("in place") };
+        assert_eq!(runtime_actions_header(&actions), "SetServerAddr app s2 10.0.0.2 8080;SetServerState app s2 ready");
+        let inherited = |text: &str| format!("defaults\n    balance uri\n{text}");
+        assert_eq!(plan_text(&inherited(free), &inherited(&grown)), Plan::Full);
+        let overridden = |text: &str| inherited(text).replace("backend app\n", "backend app\n    balance leastconn\n");
+        assert!(matches!(plan_text(&overridden(free), &overridden(&grown)), Plan::Runtime(_)));
     }
 
     #[test]
