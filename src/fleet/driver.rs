@@ -787,7 +787,8 @@ mod tests {
             _: bool,
             _: ConfigVersion,
         ) -> Result<Patched, ActionError> {
-            self.call(&format!("runtime_patch {}", crate::plan::runtime_actions_header(actions)));
+            let actions: Vec<String> = actions.iter().map(ToString::to_string).collect();
+            self.call(&format!("runtime_patch {}", actions.join(";")));
             *self.runs.lock().unwrap() = Some(desired.checksums.clone());
             Ok(Patched::Taken(Some(copy_of(desired))))
         }
@@ -990,6 +991,34 @@ mod tests {
         );
         let pod = h.journal.pod(&target().uid).unwrap().unwrap();
         assert_eq!((pod.state, pod.last_transition.from), (State::InSync, State::RuntimePatching));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_route_change_is_a_runtime_patch_of_map_entries_that_leaves_the_configuration_alone() {
+        let routes = |map: &str| {
+            Arc::new(Desired::new(FileSet {
+                haproxy_cfg: RenderedFile::new("backend be_a\nbackend be_b\n".into()),
+                maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new(map.into()))]),
+                files: BTreeMap::new(),
+                certs: BTreeMap::new(),
+            }))
+        };
+        let h = start(|_| {}, None, routes("a.example/ be_a\n"));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        h.desired_tx.send(routes("a.example/ be_b\nb.example/ be_a\n")).unwrap();
+        let wanted = routes("a.example/ be_b\nb.example/ be_a\n").checksums.clone();
+        h.until("patched", |p| p.pushed == Some(wanted.clone())).await;
+        // Entries set and added (removals would come last), no validation, no push with a reload.
+        assert_eq!(
+            h.fake.calls(),
+            [
+                "verify",
+                "validate",
+                "push",
+                "runtime_patch set map host.map a.example/ be_b;add map host.map b.example/ be_a"
+            ]
+        );
         h.stop().await;
     }
 
