@@ -534,12 +534,7 @@ impl DataplaneClient {
             .query(&[("skip_reload", "true")])
             .header(reqwest::header::CONTENT_TYPE, "text/plain")
             .body(pem.to_owned());
-        let response = self.execute(request, Method::PUT, &path).await?;
-        let status = response.status();
-        let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
-        if !status.is_success() {
-            return Err(self.unexpected(Method::PUT, &path, status, &text));
-        }
+        let (_, text) = self.send(request, Method::PUT, &path, &[StatusCode::OK]).await?;
         answers::parse_stored_file(&text).map_err(|detail| self.unreadable(&path, detail))
     }
 
@@ -549,13 +544,7 @@ impl DataplaneClient {
         let path = format!("services/haproxy/runtime/ssl_certs/{}", segment(file));
         let name = file.rsplit('/').next().unwrap_or(file);
         let request = self.request(Method::PUT, &path).multipart(upload_form(name, pem));
-        let response = self.execute(request, Method::PUT, &path).await?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let text = response.text().await.unwrap_or_default();
-        Err(self.unexpected(Method::PUT, &path, status, &text))
+        self.send(request, Method::PUT, &path, &[StatusCode::OK]).await.map(|_| ())
     }
 
     /// The SHA-1 fingerprint of the certificate the running HAProxy serves for `file`.
@@ -743,6 +732,17 @@ impl DataplaneClient {
         if let Some(body) = body {
             request = request.body(body);
         }
+        self.send(request, method, path, expected).await
+    }
+
+    /// Sends a built request: its headers and text when its status is one of `expected`.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        method: Method,
+        path: &str,
+        expected: &[StatusCode],
+    ) -> Result<(reqwest::header::HeaderMap, String), DataplaneError> {
         let response = self.execute(request, method.clone(), path).await?;
         let status = response.status();
         let headers = response.headers().clone();
@@ -759,13 +759,7 @@ impl DataplaneClient {
     ) -> Result<(), DataplaneError> {
         let request =
             self.request(method.clone(), path).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
-        let response = self.execute(request, method.clone(), path).await?;
-        let status = response.status();
-        if expected.contains(&status) {
-            return Ok(());
-        }
-        let text = response.text().await.unwrap_or_default();
-        Err(self.unexpected(method, path, status, &text))
+        self.send(request, method, path, expected).await.map(|_| ())
     }
 
     fn unreadable(&self, path: &str, detail: String) -> DataplaneError {

@@ -301,12 +301,8 @@ impl DataplaneActions {
         actions: &[RuntimeAction],
     ) -> Result<(), String> {
         let mut changed: Vec<&str> = Vec::new();
-        for action in actions {
-            if let RuntimeAction::AddMapEntry { map, .. }
-            | RuntimeAction::SetMapEntry { map, .. }
-            | RuntimeAction::DeleteMapEntry { map, .. } = action
-                && !changed.contains(&map.as_str())
-            {
+        for map in actions.iter().filter_map(RuntimeAction::map) {
+            if !changed.contains(&map) {
                 changed.push(map);
             }
         }
@@ -339,7 +335,7 @@ impl DataplaneActions {
             }
         }
         // Entries are read back per map, so each entry change is given the time of them all.
-        for action in actions.iter().filter(|a| a.kind().starts_with("map-")) {
+        for action in actions.iter().filter(|a| a.map().is_some()) {
             observe(action, started);
         }
         Ok(())
@@ -383,34 +379,32 @@ async fn replace_servers(client: &DataplaneClient, actions: &[RuntimeAction]) ->
     for action in actions {
         let RuntimeAction::ReplaceServer { backend, server, address, port, weight } = action else { continue };
         let started = Instant::now();
-        let (port_number, weight) = numbers(action, port, weight.as_deref())?;
-        let failed = |error: DataplaneError| format!("{action}: {error}");
-        client.delete_runtime_server(backend, server).await.map_err(failed)?;
-        client.add_runtime_server(backend, server, address, port_number, weight).await.map_err(failed)?;
-        client.set_runtime_server_state(backend, server, "ready").await.map_err(failed)?;
-        read_server_back(client, action, backend, server, address, port_number, "ready").await?;
+        client.delete_runtime_server(backend, server).await.map_err(|error| format!("{action}: {error}"))?;
+        add_server(client, action, backend, server, (address, port), weight.as_deref(), true).await?;
         observe(action, started);
     }
     Ok(())
 }
 
-/// A server action's port and weight as numbers.
-fn numbers(action: &RuntimeAction, port: &str, weight: Option<&str>) -> Result<(u16, Option<u32>), String> {
-    let port = port.parse::<u16>().map_err(|_| format!("{action}: {port} is not a port"))?;
-    let weight = weight.map(|w| w.parse::<u32>().map_err(|_| format!("{action}: {w} is not a weight"))).transpose()?;
-    Ok((port, weight))
-}
-
-/// Whether the running HAProxy shows `server` at `address:port` in `state`.
-async fn read_server_back(
+/// `add server` for `action`: the server at `address:port`, put in traffic when `ready`,
+/// then read back.
+async fn add_server(
     client: &DataplaneClient,
     action: &RuntimeAction,
     backend: &str,
     server: &str,
-    address: &str,
-    port: u16,
-    state: &str,
+    (address, port): (&str, &str),
+    weight: Option<&str>,
+    ready: bool,
 ) -> Result<(), String> {
+    let port = port.parse::<u16>().map_err(|_| format!("{action}: {port} is not a port"))?;
+    let weight = weight.map(|w| w.parse::<u32>().map_err(|_| format!("{action}: {w} is not a weight"))).transpose()?;
+    let failed = |error: DataplaneError| format!("{action}: {error}");
+    client.add_runtime_server(backend, server, address, port, weight).await.map_err(failed)?;
+    if ready {
+        client.set_runtime_server_state(backend, server, "ready").await.map_err(failed)?;
+    }
+    let state = if ready { "ready" } else { "maint" };
     let seen =
         client.runtime_server(backend, server).await.map_err(|error| format!("reading {server} back: {error}"))?;
     if seen.address != address || seen.port != Some(port) || seen.admin_state != state {
@@ -425,19 +419,7 @@ async fn add_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Res
     for action in actions {
         let RuntimeAction::AddServer { backend, server, address, port, weight, ready } = action else { continue };
         let started = Instant::now();
-        let (port_number, weight) = numbers(action, port, weight.as_deref())?;
-        client
-            .add_runtime_server(backend, server, address, port_number, weight)
-            .await
-            .map_err(|error| format!("{action}: {error}"))?;
-        if *ready {
-            client
-                .set_runtime_server_state(backend, server, "ready")
-                .await
-                .map_err(|error| format!("{action}: {error}"))?;
-        }
-        let state = if *ready { "ready" } else { "maint" };
-        read_server_back(client, action, backend, server, address, port_number, state).await?;
+        add_server(client, action, backend, server, (address, port), weight.as_deref(), *ready).await?;
         observe(action, started);
     }
     Ok(())

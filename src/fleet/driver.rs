@@ -213,8 +213,6 @@ pub struct PodDriver<A: PodActions> {
     pushed_files: Option<Arc<FileSet>>,
     /// The runtime changes planned for the current desired files.
     runtime_actions: Vec<RuntimeAction>,
-    /// Whether the planned runtime patch rewrites `haproxy.cfg` (it differs from the pushed one).
-    runtime_rewrites_config: bool,
     /// The last push to this pod haptic knows of, as the pod stores it (journaled).
     copy: Option<StoredCopy>,
     /// The configuration version last read from the pod or left by a push: the base of the
@@ -286,7 +284,6 @@ impl<A: PodActions> PodDriver<A> {
             span: tracing::Span::none(),
             pushed_files: None,
             runtime_actions: Vec::new(),
-            runtime_rewrites_config: true,
             copy,
             base_version: None,
             address_changes: AddressChanges::default(),
@@ -468,7 +465,12 @@ impl<A: PodActions> PodDriver<A> {
                 }
             },
             Action::RuntimePatch => {
-                let rewrite_config = self.runtime_rewrites_config;
+                // The patch was planned from the files the pod runs: its configuration is
+                // rewritten when the desired one differs from theirs.
+                let rewrite_config = self
+                    .pushed_files
+                    .as_ref()
+                    .is_none_or(|pushed| pushed.haproxy_cfg.checksum != desired.files.haproxy_cfg.checksum);
                 let patch = async {
                     self.actions.runtime_patch(pod, desired, &self.runtime_actions, rewrite_config, base?).await
                 };
@@ -593,14 +595,10 @@ impl<A: PodActions> PodDriver<A> {
 
     /// The runtime changes that take the pod from the files it runs to the desired ones, when
     /// that is all it takes (see `plan::plan`); `None` calls for a full sync.
-    fn runtime_plan(&mut self) -> Option<Vec<RuntimeAction>> {
+    fn runtime_plan(&self) -> Option<Vec<RuntimeAction>> {
         let pushed = self.pushed_files.as_ref()?;
-        let desired = &self.desired.files;
-        match crate::plan::plan(pushed, desired, self.address_changes) {
-            Plan::Runtime(actions) => {
-                self.runtime_rewrites_config = pushed.haproxy_cfg.checksum != desired.haproxy_cfg.checksum;
-                Some(actions)
-            }
+        match crate::plan::plan(pushed, &self.desired.files, self.address_changes) {
+            Plan::Runtime(actions) => Some(actions),
             Plan::NoOp | Plan::Full => None,
         }
     }

@@ -140,6 +140,16 @@ impl RuntimeAction {
         }
     }
 
+    /// The map file it changes, for an entry change.
+    pub fn map(&self) -> Option<&str> {
+        match self {
+            Self::AddMapEntry { map, .. } | Self::SetMapEntry { map, .. } | Self::DeleteMapEntry { map, .. } => {
+                Some(map)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether it changes an existing server (sent with the configuration's write, as the
     /// Dataplane API's `X-Runtime-Actions`; a new server is added after that write).
     pub fn is_server_action(&self) -> bool {
