@@ -590,20 +590,10 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
     // The metrics say the same: runtime deployments on every pod, none failed.
     let api = controller.api_url().await?;
     let metrics = reqwest::get(format!("{api}/metrics")).await?.text().await?;
-    let runtime_ok: f64 = metrics
-        .lines()
-        .filter(|line| line.starts_with("haptic_deployments_total{kind=\"runtime\",result=\"ok\"}"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let counted = |prefix: &str| env::measure::metric_sum(&metrics, prefix);
+    let runtime_ok = counted("haptic_deployments_total{kind=\"runtime\",result=\"ok\"}");
     let pods = env.pods.len() as f64;
     ensure!(runtime_ok >= 20.0 * pods, "{runtime_ok} runtime deployments counted for {pods} pods × 20 steps");
-    let counted = |prefix: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|line| line.starts_with(prefix))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
     // Each step moves a server in or out of its slot, counted by kind: a free slot taken is a
     // replaced server, a slot given up a state change (and an address change).
     let slot_changes = counted("haptic_runtime_actions_total{kind=\"server-state\"}")

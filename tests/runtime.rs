@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use env::controller::ControllerProcess;
 use env::standalone::{
-    apply_library_config_for_pods, backend_host_address, ingress_to, library_namespace, service_with_endpoints,
-    start_backends,
+    apply_library_config_for_pods, backend_host_address, endpoint_slice, ingress_to, library_namespace,
+    service_with_endpoints, start_backends,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -202,11 +202,6 @@ fn open_stream(pod: &env::EnvPod, host: &str) -> Stream {
     Stream { last_chunk, task }
 }
 
-/// Counts a metric's samples whose line starts with `prefix`.
-fn counted(metrics: &str, prefix: &str) -> f64 {
-    metrics.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-}
-
 #[tokio::test]
 async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_are_served_everywhere() -> Result<()> {
     let env = env::environment();
@@ -224,14 +219,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     }
     service_with_endpoints(&client, &namespace, "web", &address, WEB_PORTS[0]).await?;
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
-    let web_slice = |port: u16| -> Result<EndpointSlice> {
-        Ok(serde_json::from_value(json!({
-            "metadata": {"name": format!("web-{port}"), "labels": {"kubernetes.io/service-name": "web"}},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": port}],
-            "endpoints": [{"addresses": [address.clone()], "conditions": {"ready": true}}]
-        }))?)
-    };
+    let web_slice = |port: u16| endpoint_slice(&format!("web-{port}"), "web", &address, port);
     slices.create(&PostParams::default(), &web_slice(WEB_PORTS[1])?).await?;
 
     // Every Service keeps a route of its own (so it keeps its backend), three hosts have TLS.
@@ -326,7 +314,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
                         1 => {
                             let free: Vec<&str> = PATHS.iter().copied().filter(|p| !taken(&routes, &host, p)).collect();
                             if free.is_empty() {
-                                delete_ingress(&ingresses, &name).await?;
+                                ingresses.delete(&name, &DeleteParams::default()).await?;
                                 routes[slot] = None;
                             } else {
                                 let new_path = free[random.below(free.len())].to_owned();
@@ -344,7 +332,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
                             checks.push((host, path));
                         }
                         _ => {
-                            delete_ingress(&ingresses, &name).await?;
+                            ingresses.delete(&name, &DeleteParams::default()).await?;
                             routes[slot] = None;
                             checks.push((host, path));
                         }
@@ -443,7 +431,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     }
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     for kind in ["map-add", "map-set", "map-delete", "certificate", "server-state", "server-add", "server-replace"] {
-        let count = counted(&metrics, &format!("haptic_runtime_actions_total{{kind=\"{kind}\"}}"));
+        let count = env::measure::metric_sum(&metrics, &format!("haptic_runtime_actions_total{{kind=\"{kind}\"}}"));
         ensure!(count > 0.0, "no runtime action of kind {kind} counted");
     }
 
@@ -470,7 +458,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     }
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     ensure!(
-        counted(&metrics, "haptic_reloads_total{reason=\"retry\"}") >= 1.0,
+        env::measure::metric_sum(&metrics, "haptic_reloads_total{reason=\"retry\"}") >= 1.0,
         "the fallback's reload is not counted as a retry:\n{}",
         metrics.lines().filter(|l| l.starts_with("haptic_reloads")).collect::<Vec<_>>().join("\n")
     );
@@ -484,11 +472,6 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
 async fn with_version(api: &Api<Ingress>, name: &str, mut object: Ingress) -> Result<Ingress> {
     object.metadata.resource_version = api.get(name).await?.metadata.resource_version;
     Ok(object)
-}
-
-async fn delete_ingress(api: &Api<Ingress>, name: &str) -> Result<()> {
-    api.delete(name, &DeleteParams::default()).await?;
-    Ok(())
 }
 
 #[tokio::test]

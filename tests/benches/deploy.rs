@@ -28,35 +28,8 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn report(what: &str, mut samples: Vec<Duration>, reloads: u64) {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{what}: n={} median {:.0} ms, p95 {:.0} ms, min {:.0} ms, max {:.0} ms, reloads per pod per change {:.2}",
-        samples.len(),
-        ms(percentile(&samples, 0.5)),
-        ms(percentile(&samples, 0.95)),
-        ms(samples[0]),
-        ms(samples[samples.len() - 1]),
-        reloads as f64 / samples.len() as f64,
-    );
-}
-
 async fn until_served(env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
     env::every_pod_answers(env, host, backend, Duration::from_millis(5)).await
-}
-
-async fn reloads(env: &env::Manifest) -> Result<u64> {
-    let mut total = 0;
-    for pod in &env.pods {
-        total += pod.reloads()?;
-    }
-    Ok(total / env.pods.len() as u64)
 }
 
 #[tokio::main]
@@ -78,7 +51,7 @@ async fn main() -> Result<()> {
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
 
     let mut ingress_samples = Vec::new();
-    let reloads_before = reloads(env).await?;
+    let reloads_before = env::measure::reloads_per_pod(env)?;
     for i in 0..samples {
         let host = format!("h{i}.bench.example");
         let started = Instant::now();
@@ -90,11 +63,11 @@ async fn main() -> Result<()> {
         // the wait a change right after a reload is given on purpose.
         tokio::time::sleep(Duration::from_millis(2100)).await;
     }
-    let ingress_reloads = reloads(env).await? - reloads_before;
+    let ingress_reloads = env::measure::reloads_per_pod(env)? - reloads_before;
 
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
     let mut slice_samples = Vec::new();
-    let reloads_before = reloads(env).await?;
+    let reloads_before = env::measure::reloads_per_pod(env)?;
     for i in 0..samples {
         let (port, backend) = if i % 2 == 0 { (18401, "web-b") } else { (18400, "web-a") };
         // The 2.6 pod reloads for this change: past its reload pace, as above.
@@ -106,13 +79,22 @@ async fn main() -> Result<()> {
         slice_samples.push(started.elapsed());
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
-    let slice_reloads = reloads(env).await? - reloads_before;
+    let slice_reloads = env::measure::reloads_per_pod(env)? - reloads_before;
 
     println!("{} live pods (HAProxy {}), chart's default library", env.pods.len(), {
         let versions: Vec<&str> = env.pods.iter().map(|p| p.haproxy_version.as_str()).collect();
         versions.join(", ")
     });
-    report("Ingress change (new host) -> served on all pods", ingress_samples, ingress_reloads);
-    report("EndpointSlice change (endpoint port) -> served on all pods", slice_samples, slice_reloads);
+    let per_change = |reloads: u64| format!("reloads per pod per change {:.2}", reloads as f64 / samples as f64);
+    env::measure::print_samples(
+        "Ingress change (new host) -> served on all pods",
+        ingress_samples,
+        &per_change(ingress_reloads),
+    );
+    env::measure::print_samples(
+        "EndpointSlice change (endpoint port) -> served on all pods",
+        slice_samples,
+        &per_change(slice_reloads),
+    );
     Ok(())
 }

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
 use env::standalone::{
-    apply_library_config_for_pods, backend_host_address, ingress_to, library_namespace, service_with_endpoints,
-    start_backends,
+    apply_library_config_for_pods, backend_host_address, endpoint_slice, ingress_to, library_namespace,
+    service_with_endpoints, start_backends,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -40,45 +40,8 @@ const MIX_BACKEND: u16 = 18960;
 /// purpose, and a sample would time that wait, not the path.
 const QUIET: Duration = Duration::from_millis(700);
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn report(what: &str, mut samples: Vec<Duration>, reloads: u64) {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{what}: n={} median {:.0} ms, p95 {:.0} ms, min {:.0} ms, max {:.0} ms, reloads per pod {reloads}",
-        samples.len(),
-        ms(percentile(&samples, 0.5)),
-        ms(percentile(&samples, 0.95)),
-        ms(samples[0]),
-        ms(samples[samples.len() - 1]),
-    );
-}
-
-/// Reloads of every pod so far, summed, divided by the pods.
-fn reloads(env: &env::Manifest) -> Result<u64> {
-    let mut total = 0;
-    for pod in &env.pods {
-        total += pod.reloads()?;
-    }
-    Ok(total / env.pods.len() as u64)
-}
-
 async fn served(env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
     env::every_pod_answers(env, host, backend, Duration::from_millis(5)).await
-}
-
-/// One EndpointSlice of `service` with one ready endpoint at `address:port`.
-fn slice(name: &str, service: &str, address: &str, port: u16) -> Result<EndpointSlice> {
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port}],
-        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
-    }))?)
 }
 
 /// The mix: 100 changes of every kind an operator makes, the same list for both configurations.
@@ -136,7 +99,7 @@ async fn run_mix(
 ) -> Result<u64> {
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
-    let before = reloads(env)?;
+    let before = env::measure::reloads_per_pod(env)?;
     for change in mix() {
         match change {
             Change::NewHost(slot, service) | Change::MoveRoute(slot, service) => {
@@ -153,7 +116,9 @@ async fn run_mix(
                 ingresses.delete(&format!("r{slot}"), &DeleteParams::default()).await?;
             }
             Change::Scale(true) => {
-                slices.create(&PostParams::default(), &slice("m0-extra", "m0", address, MIX_BACKEND + 3)?).await?;
+                slices
+                    .create(&PostParams::default(), &endpoint_slice("m0-extra", "m0", address, MIX_BACKEND + 3)?)
+                    .await?;
             }
             Change::Scale(false) => {
                 slices.delete("m0-extra", &DeleteParams::default()).await?;
@@ -167,7 +132,7 @@ async fn run_mix(
         tokio::time::sleep(QUIET).await;
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
-    Ok(reloads(env)? - before)
+    Ok(env::measure::reloads_per_pod(env)? - before)
 }
 
 /// The Services of the mix: `m0..m2` (with routes, so with backends; each its own endpoint)
@@ -245,7 +210,7 @@ async fn main() -> Result<()> {
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
 
     let mut route_samples = Vec::new();
-    let before = reloads(env)?;
+    let before = env::measure::reloads_per_pod(env)?;
     for i in 0..samples {
         let host = format!("route{i}.bench.example");
         tokio::time::sleep(QUIET).await;
@@ -255,15 +220,15 @@ async fn main() -> Result<()> {
         route_samples.push(started.elapsed());
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
-    let route_reloads = reloads(env)? - before;
+    let route_reloads = env::measure::reloads_per_pod(env)? - before;
 
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
     let mut server_samples = Vec::new();
-    let before = reloads(env)?;
+    let before = env::measure::reloads_per_pod(env)?;
     for _ in 0..samples {
         tokio::time::sleep(QUIET).await;
         let started = Instant::now();
-        slices.create(&PostParams::default(), &slice("web-b", "web", &address, BACKEND + 1)?).await?;
+        slices.create(&PostParams::default(), &endpoint_slice("web-b", "web", &address, BACKEND + 1)?).await?;
         // Round robin between the two: web-b answers once its server takes traffic.
         served(env, "warm.bench.example", "web-b").await.with_context(|| controller.log_tail())?;
         server_samples.push(started.elapsed());
@@ -272,10 +237,10 @@ async fn main() -> Result<()> {
         tokio::time::sleep(QUIET).await;
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
-    let server_reloads = reloads(env)? - before;
+    let server_reloads = env::measure::reloads_per_pod(env)? - before;
 
     let mut reload_samples = Vec::new();
-    let before = reloads(env)?;
+    let before = env::measure::reloads_per_pod(env)?;
     for i in 0..samples {
         let host = format!("fresh{i}.bench.example");
         let started = Instant::now();
@@ -285,7 +250,7 @@ async fn main() -> Result<()> {
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
         tokio::time::sleep(Duration::from_millis(2100)).await;
     }
-    let reload_path_reloads = reloads(env)? - before;
+    let reload_path_reloads = env::measure::reloads_per_pod(env)? - before;
     let library_mix = run_mix(env, &client, &namespace, &controller, &address).await?;
     drop(controller);
 
@@ -306,9 +271,11 @@ async fn main() -> Result<()> {
         let versions: Vec<&str> = env.pods.iter().map(|p| p.haproxy_version.as_str()).collect();
         versions.join(", ")
     });
-    report("Route change (map only) -> served on all pods", route_samples, route_reloads);
-    report("Server change (endpoint into a free slot) -> served on all pods", server_samples, server_reloads);
-    report("Reload path (route to a new Service) -> served on all pods", reload_samples, reload_path_reloads);
+    let per_pod = |reloads: u64| format!("reloads per pod {reloads}");
+    let print = env::measure::print_samples;
+    print("Route change (map only) -> served on all pods", route_samples, &per_pod(route_reloads));
+    print("Server change (endpoint into a free slot) -> served on all pods", server_samples, &per_pod(server_reloads));
+    print("Reload path (route to a new Service) -> served on all pods", reload_samples, &per_pod(reload_path_reloads));
     let kinds = mix().iter().fold([0usize; 5], |mut counts, change| {
         counts[match change {
             Change::NewHost(..) => 0,

@@ -10,6 +10,7 @@
 pub mod chart;
 pub mod controller;
 pub mod fixtures;
+pub mod measure;
 pub mod otlp;
 pub mod proxy;
 pub mod standalone;

@@ -167,6 +167,17 @@ pub async fn service_with_endpoints(
     Ok(())
 }
 
+/// An EndpointSlice `name` of `service` with one ready endpoint at `address:port` (port named
+/// `http`).
+pub fn endpoint_slice(name: &str, service: &str, address: &str, port: u16) -> Result<EndpointSlice> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
+    }))?)
+}
+
 /// Applies the chart's default configuration (`haptic`) for release `release`, bound to
 /// `frontend` (HTTP 8080, HTTPS 8443, health 8404) with its files under `dir`, watching only
 /// `namespace` (other tests share the API server).

@@ -1,0 +1,42 @@
+//! Figures the live benches and tests read: latency samples, reloads counted by the pods'
+//! own HAProxy masters, and the controller's metrics.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::Manifest;
+
+/// The `p` quantile (0 to 1) of sorted samples, by nearest rank.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+/// Prints `what: n=…, median, p95, min, max` in milliseconds, then `tail`.
+pub fn print_samples(what: &str, mut samples: Vec<Duration>, tail: &str) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{what}: n={} median {:.0} ms, p95 {:.0} ms, min {:.0} ms, max {:.0} ms, {tail}",
+        samples.len(),
+        ms(percentile(&samples, 0.5)),
+        ms(percentile(&samples, 0.95)),
+        ms(samples[0]),
+        ms(samples[samples.len() - 1]),
+    );
+}
+
+/// Reloads of every pod of the environment so far, summed, divided by the pods.
+pub fn reloads_per_pod(env: &Manifest) -> Result<u64> {
+    let mut total = 0;
+    for pod in &env.pods {
+        total += pod.reloads()?;
+    }
+    Ok(total / env.pods.len() as u64)
+}
+
+/// The sum of a metric's samples whose line starts with `prefix`, in a text exposition.
+pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
+    metrics.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
