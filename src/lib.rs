@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod election;
 pub mod files;
 pub mod fleet;
+pub mod gateway;
 pub mod journal;
 pub mod offline;
 pub mod plan;

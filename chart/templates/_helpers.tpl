@@ -51,3 +51,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "haptic.group" -}}
 {{- if contains "/" . -}}{{ index (splitList "/" .) 0 }}{{- end -}}
 {{- end -}}
+
+{{- /* Every watched resource: config.watchedResources, plus the Gateway API's types when
+gatewayAPI.enabled (the aliases the Gateway API model reads, src/gateway). config.yaml and
+rbac.yaml both use this list, so what is watched is exactly what may be read. */ -}}
+{{- define "haptic.watchedResources" -}}
+{{- $all := deepCopy .Values.config.watchedResources -}}
+{{- if .Values.gatewayAPI.enabled -}}
+{{- $gateway := dict -}}
+{{- range $alias, $kind := dict "gatewayclasses" "GatewayClass" "gateways" "Gateway" "httproutes" "HTTPRoute" "grpcroutes" "GRPCRoute" "tlsroutes" "TLSRoute" "tcproutes" "TCPRoute" "referencegrants" "ReferenceGrant" -}}
+{{- $_ := set $gateway $alias (dict "apiVersion" "gateway.networking.k8s.io/v1" "kind" $kind "resource" $alias "indexBy" (list "metadata.namespace" "metadata.name")) -}}
+{{- end -}}
+{{- $_ := set $gateway "namespaces" (dict "apiVersion" "v1" "kind" "Namespace" "resource" "namespaces" "indexBy" (list "metadata.name")) -}}
+{{- range $alias, $watched := $gateway -}}
+{{- if $.Values.gatewayAPI.namespaces -}}
+{{- if and (ne $alias "gatewayclasses") (ne $alias "namespaces") -}}
+{{- $_ := set $watched "namespaces" $.Values.gatewayAPI.namespaces -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $all $alias (merge (get $all $alias | default dict) $watched) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $all -}}
+{{- end -}}

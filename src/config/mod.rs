@@ -44,6 +44,10 @@ pub struct HAProxyTemplateConfigSpec {
     pub dataplane: DataplaneSettings,
     /// The templates that produce `haproxy.cfg`, map files and general files.
     pub templates: Templates,
+    /// Serve the Gateway API: templates get the `gateway` model and the controller writes the
+    /// Gateway API objects' status. Off when absent.
+    #[serde(default, rename = "gatewayAPI", skip_serializing_if = "Option::is_none")]
+    pub gateway_api: Option<crate::gateway::GatewaySettings>,
 }
 
 /// One watched resource type.

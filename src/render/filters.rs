@@ -61,6 +61,13 @@ pub(crate) fn haproxy_quote(value: &str) -> Result<String, Error> {
     Ok(format!("'{}'", value.replace('\'', r"'\''")))
 }
 
+/// `value | log_text`: one HAProxy word holding `value` as literal text of a log-format
+/// string (`set-header`, `redirect location`, `replace-path`'s replacement): `haproxy_quote`,
+/// with every `%` doubled so none starts a sample expression.
+pub(crate) fn log_text(value: &str) -> Result<String, Error> {
+    haproxy_quote(&value.replace('%', "%%"))
+}
+
 /// `value | socket_path`: a unix socket path written bare, for `stats socket`: the Dataplane
 /// API reads that address from `haproxy.cfg` without unquoting it and dials it as it stands,
 /// so a quoted path is one HAProxy binds and the API never finds. Only absolute paths of

@@ -271,8 +271,9 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
 /// at run time), so the next nine scale-ups change only addresses and states.
 pub(crate) const DEFAULT_SLOT_BLOCK: usize = 10;
 
-/// `server_slots(backend, endpoints, block=10)`: the backend's servers with stable names, one
-/// per slot: `name` (`srv1`, ...), `address`, `port`, `enabled`. Each endpoint (as
+/// `server_slots(backend, endpoints, block=10, weighted=false)`: the backend's servers with
+/// stable names, one per slot: `name` (`srv1`, ...), `address`, `port`, `enabled`, and with
+/// `weighted`, `weight` (the endpoint's, as `weigh(...)` gives it; 1 for a free slot). Each endpoint (as
 /// `endpoints(...)` or `service_endpoints(...)` give them; only the ready ones should be
 /// passed) keeps its slot from render to render; free slots are disabled servers on a
 /// placeholder address, ready for the Runtime API to fill without a reload.
@@ -281,11 +282,16 @@ pub(crate) fn server_slots(
     backend: &str,
     endpoints: &Value,
     block: usize,
+    weighted: bool,
 ) -> Result<Value, Error> {
     let mut keys = Vec::new();
+    let mut weights = std::collections::HashMap::new();
     for endpoint in endpoints.try_iter()? {
         let address = attr(&endpoint, "address").map(|a| a.to_string()).unwrap_or_default();
         let port = attr(&endpoint, "port").and_then(|p| u16::try_from(p).ok()).unwrap_or_default();
+        if let Some(weight) = attr(&endpoint, "weight").and_then(|w| u32::try_from(w).ok()) {
+            weights.insert((address.clone(), port), weight);
+        }
         keys.push((address, port));
     }
     let table = shared.assign_slots(backend, &keys, block);
@@ -295,13 +301,49 @@ pub(crate) fn server_slots(
         .enumerate()
         .map(|(index, slot)| {
             let name = crate::plan::slots::SlotTable::server_name(index);
+            // Free slots carry a weight too in a weighted backend: a weight that appears or
+            // disappears is a reload, a weight that changes is not.
+            let weight = weighted.then(|| slot.as_ref().and_then(|key| weights.get(key).copied()).unwrap_or(1));
             match slot {
-                Some((address, port)) => minijinja::context! { name, address, port, enabled => true },
-                None => minijinja::context! { name, address => "127.0.0.1", port => 1, enabled => false },
+                Some((address, port)) => minijinja::context! { name, address, port, enabled => true, weight },
+                None => minijinja::context! { name, address => "127.0.0.1", port => 1, enabled => false, weight },
             }
         })
         .collect();
     Ok(Value::from(servers))
+}
+
+/// HAProxy's largest server weight.
+const MAX_WEIGHT: f64 = 256.0;
+
+/// `weigh(groups)`: the endpoints of several Services sharing one backend, each with the server
+/// weight that gives its Service its share: `groups` is a list of `[weight, endpoints]`, and an
+/// endpoint's share is its group's weight divided among the group's endpoints. Weights are
+/// scaled so the largest per-endpoint share is HAProxy's largest weight (256), and are at
+/// least 1. Groups of weight 0 contribute nothing.
+pub(crate) fn weigh(groups: &Value) -> Result<Value, Error> {
+    let mut parsed = Vec::new();
+    for group in groups.try_iter()? {
+        let weight = group.get_item(&Value::from(0)).ok().and_then(|w| u32::try_from(w).ok()).unwrap_or(0);
+        let endpoints: Vec<Value> = group.get_item(&Value::from(1))?.try_iter()?.collect();
+        if weight > 0 && !endpoints.is_empty() {
+            parsed.push((f64::from(weight) / endpoints.len() as f64, endpoints));
+        }
+    }
+    let largest = parsed.iter().map(|(share, _)| *share).fold(0.0, f64::max);
+    let mut out = Vec::new();
+    for (share, endpoints) in parsed {
+        let weight = ((share / largest) * MAX_WEIGHT).round().clamp(1.0, MAX_WEIGHT) as u32;
+        for endpoint in endpoints {
+            out.push(minijinja::context! {
+                address => attr(&endpoint, "address"),
+                port => attr(&endpoint, "port"),
+                ready => true,
+                weight,
+            });
+        }
+    }
+    Ok(Value::from(out))
 }
 
 /// The port of a Service that an Ingress backend's `port` (`{number}` or `{name}`) refers to:

@@ -117,6 +117,10 @@ pub struct Renderer {
     /// Server slots as the last successful render left them: `server_slots(...)` keeps each
     /// endpoint's server name from one render to the next (see `plan::slots`).
     slots: std::sync::Mutex<crate::plan::slots::Slots>,
+    /// The Gateway API settings, when the configuration serves it.
+    gateway: Option<crate::gateway::GatewaySettings>,
+    /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
+    gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
 }
 
 /// Prints one value into a file. Strings are printed only when an HAProxy-safe filter gave
@@ -184,6 +188,7 @@ impl Renderer {
         env.set_formatter(|out, _state, value| format_value(out, value));
         let vetted = |result: Result<String, minijinja::Error>| result.map(Value::from_safe_string);
         env.add_filter("haproxy_quote", move |value: &str| vetted(filters::haproxy_quote(value)));
+        env.add_filter("log_text", move |value: &str| vetted(filters::log_text(value)));
         env.add_filter("bare_word", move |value: &str| vetted(filters::bare_word(value)));
         env.add_filter("hostname", move |value: &str| vetted(filters::hostname(value)));
         env.add_filter("socket_path", move |value: &str| vetted(filters::socket_path(value)));
@@ -198,7 +203,7 @@ impl Renderer {
         env.add_filter("safe", |_value: Value| -> Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(
                 minijinja::ErrorKind::InvalidOperation,
-                "safe is not available: values print through an HAProxy-safe filter (haproxy_quote, bare_word, \
+                "safe is not available: values print through an HAProxy-safe filter (haproxy_quote, log_text, bare_word, \
                  hostname, url_path, map_key, haproxy_duration, one_of, cidr, socket_path)",
             ))
         });
@@ -209,7 +214,7 @@ impl Renderer {
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
         env.add_function(
             "server_slots",
-            |state: &minijinja::State, backend: &str, endpoints: Value, block: Option<usize>| {
+            |state: &minijinja::State, backend: &str, endpoints: Value, block: Option<usize>, weighted: Option<bool>| {
                 let shared = state.lookup("shared").ok_or_else(|| {
                     minijinja::Error::new(
                         minijinja::ErrorKind::InvalidOperation,
@@ -222,9 +227,11 @@ impl Renderer {
                         "server_slots needs the render's shared state",
                     )
                 })?;
-                library::server_slots(shared, backend, &endpoints, block.unwrap_or(library::DEFAULT_SLOT_BLOCK))
+                let block = block.unwrap_or(library::DEFAULT_SLOT_BLOCK);
+                library::server_slots(shared, backend, &endpoints, block, weighted.unwrap_or(false))
             },
         );
+        env.add_function("weigh", |groups: Value| library::weigh(&groups));
         env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
             library::service_endpoints(&service, &port, &slices)
         });
@@ -301,6 +308,8 @@ impl Renderer {
             file_names: templates.files.keys().cloned().collect(),
             extra_context: templates.extra_context.as_ref().map(trusted_value).unwrap_or_default(),
             slots: Default::default(),
+            gateway: spec.gateway_api.clone(),
+            gateway_status: Default::default(),
         })
     }
 
@@ -319,6 +328,12 @@ impl Renderer {
         self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
     }
 
+    /// The Gateway API status the last successful render owes, when the configuration serves
+    /// the Gateway API.
+    pub fn gateway_status(&self) -> Option<crate::gateway::status::StatusSet> {
+        self.gateway_status.lock().ok().and_then(|status| status.clone())
+    }
+
     /// Renders every file from the current stores and pods.
     pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
         context::reset_tracking();
@@ -327,7 +342,17 @@ impl Renderer {
         // that fails (or an attempt that leaves an object out) moves no server.
         let slots = self.slots.lock().map(|slots| slots.clone()).unwrap_or_default();
         let shared = Value::from_object(context::Shared::with_slots(slots));
+        // The Gateway API model: built once per render from the same stores, so the status it
+        // owes describes exactly what this render serves.
+        let gateway = self.gateway.as_ref().map(|settings| {
+            let ips = pods.iter().map(|pod| pod.ip.clone()).filter(|ip| !ip.is_empty()).collect();
+            crate::gateway::build(settings, &crate::gateway::Inputs::from_stores(stores, ips))
+        });
         let ctx = minijinja::context! {
+            gateway => match &gateway {
+                Some(model) => Value::from(Serde(model)),
+                None => Value::from(Serde(crate::gateway::Model::default())),
+            },
             resources => resources,
             pods => Value::from(Serde(pods)),
             extraContext => self.extra_context.clone(),
@@ -350,6 +375,9 @@ impl Renderer {
         let certs = shared.map(context::Shared::certs).unwrap_or_default();
         if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
             *kept = shared.slots();
+        }
+        if let Ok(mut kept) = self.gateway_status.lock() {
+            *kept = gateway.map(|model| model.status);
         }
         Ok(FileSet { haproxy_cfg, maps, files, certs })
     }

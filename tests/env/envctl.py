@@ -53,6 +53,10 @@ BACKEND_PORT = 8080
 CHART_FILES = REPO / "chart" / "files"
 # Helm as pinned in tests/env/helm/go.mod (stamped into `helm version`).
 HELM_VERSION = "v3.22.0"
+# The Gateway API release whose CRDs (experimental channel: the standard one plus TLSRoute,
+# TCPRoute and the experimental fields) the API server gets, from the Go module that holds them.
+GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
+GATEWAY_API_VERSION = "v1.6.3"
 # The OpenTelemetry Collector's standard OTLP ports, on the environment's own loopback address.
 OTLP_PORTS = {4317: "gRPC", 4318: "HTTP"}
 DATAPLANE_USER = "admin"
@@ -254,6 +258,7 @@ class Components:
     helm: Path
     haproxy: dict[str, Path]
     dataplaneapi: Path
+    gateway_api_crds: list[Path]
 
 
 def shared_dir() -> Path | None:
@@ -311,6 +316,23 @@ def build_dataplaneapi() -> Path:
     return output
 
 
+def gateway_api_crds() -> list[Path]:
+    """The Gateway API's CRD manifests, from its Go module (downloaded once into Go's module cache)."""
+    go = require_tool("go", "the Gateway API CRDs come from the sigs.k8s.io/gateway-api Go module")
+    module = f"{GATEWAY_API_MODULE}@{GATEWAY_API_VERSION}"
+    found = subprocess.run([go, "mod", "download", "-json", module], capture_output=True, text=True, check=False)
+    try:
+        directory = Path(json.loads(found.stdout)["Dir"])
+    except (ValueError, KeyError):
+        raise EnvError(f"could not download {module} (go mod download): {found.stdout.strip()} {found.stderr.strip()}")
+    crds = sorted((directory / "config" / "crd" / "experimental").glob("gateway.networking.k8s.io_*.yaml"))
+    # The safe-upgrades admission policy is not a CRD.
+    crds = [crd for crd in crds if "vap_" not in crd.name]
+    if not crds:
+        raise EnvError(f"{module} holds no CRDs under config/crd/experimental ({directory})")
+    return crds
+
+
 def install(fetch: bool = True) -> Components:
     """Makes every component available, building or fetching only what the cache lacks."""
     apiserver = CACHE_DIR / "bin" / "haptic-apiserver"
@@ -323,7 +345,8 @@ def install(fetch: bool = True) -> Components:
     haproxy = {"2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
     schemathesis_binary(fetch)
     dataplaneapi = build_dataplaneapi()
-    return Components(apiserver=apiserver, otelcol=otelcol, helm=helm, haproxy=haproxy, dataplaneapi=dataplaneapi)
+    return Components(apiserver=apiserver, otelcol=otelcol, helm=helm, haproxy=haproxy, dataplaneapi=dataplaneapi,
+                      gateway_api_crds=gateway_api_crds())
 
 
 def check_versions(versions: list[str], components: Components) -> None:
@@ -438,6 +461,40 @@ class KubeAPI:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as error:
             raise EnvError(f"API server refused {method} {path}: {error.code} {error.read().decode(errors='replace')}")
+
+    def apply_yaml(self, path: str, manifest: str) -> dict:
+        """Server-side apply of a YAML manifest as it stands (the API server reads YAML itself)."""
+        request = urllib.request.Request(f"{self.server}{path}?fieldManager=haptic-env&force=true",
+                                         data=manifest.encode(), method="PATCH")
+        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Content-Type", "application/apply-patch+yaml")
+        try:
+            with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            raise EnvError(f"API server refused applying {path}: {error.code} {error.read().decode(errors='replace')}")
+
+    def install_crds(self, manifests: list[Path], timeout: float = 30.0) -> list[str]:
+        """Applies CRD manifests and waits until every one is Established."""
+        names = []
+        for manifest in manifests:
+            text = manifest.read_text()
+            name = re.search(r"^metadata:\n(?:  .*\n)*?  name: (\S+)$", text, re.MULTILINE)
+            if not name:
+                raise EnvError(f"{manifest} names no CRD")
+            names.append(name.group(1))
+            self.apply_yaml(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name.group(1)}", text)
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                crd = self.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conditions = crd.get("status", {}).get("conditions", [])
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise EnvError(f"CRD {name} was not Established within {timeout:.0f}s")
+                time.sleep(0.1)
+        return names
 
     def ensure_namespace(self, name: str) -> None:
         try:
@@ -837,6 +894,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
     selector = ",".join(f"{key}={value}" for key, value in POD_LABELS.items())
     sup.start("prober", [sys.executable, str(ENV_DIR / "prober.py"), str(kubeconfig),
                          str(apiserver_dir / "pki" / "ca.crt"), selector], state_dir / "prober.log")
+    gateway_crds = kube.install_crds(components.gateway_api_crds)
     kube.ensure_namespace(args.namespace)
     for pod in pods:
         kube.register_pod(args.namespace, pod)
@@ -852,6 +910,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
         "backends": backends,
         "otlp": otlp,
         "tools": {"helm": str(components.helm)},
+        "gateway_api": {"version": GATEWAY_API_VERSION, "crds": gateway_crds},
     }
 
 

@@ -82,6 +82,7 @@ def test_component_that_exits_early_reports_its_status_and_log(tmp_path):
 
 def test_unknown_haproxy_version_is_refused():
     with pytest.raises(envctl.EnvError) as error:
-        components = envctl.Components(apiserver=Path("a"), otelcol=Path("o"), helm=Path("h"), haproxy={"2.8": Path("h")}, dataplaneapi=None)
+        components = envctl.Components(apiserver=Path("a"), otelcol=Path("o"), helm=Path("h"), haproxy={"2.8": Path("h")}, dataplaneapi=None,
+                                        gateway_api_crds=[])
         envctl.check_versions(["2.8", "3.4"], components)
     assert "unknown HAProxy version '3.4'" in str(error.value)

@@ -1,0 +1,1004 @@
+//! [`build`]: listeners, attachment, references, precedence, and the status of each.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::hostnames;
+use super::resources::{self, BackendRef, Gateway, Listener, ParentReference, Route, RouteMatch, RouteRule, GROUP};
+use super::status::{Body, Condition, ListenerStatus, ObjectStatus, ParentStatus};
+use super::{
+    ConditionalRule, Frontend, GatewaySettings, HeaderChanges, HostKind, Inputs, ListenerModel, MapEntry, Model,
+    PathRewrite, PortNumber, Protocol, RedirectModel, RuleBackend, SecretKey, ServiceRef, ServiceTarget,
+    ValueCondition, WeightedRef,
+};
+
+/// The route kinds, in the order their routes are considered.
+const HTTP_ROUTE: &str = "HTTPRoute";
+const GRPC_ROUTE: &str = "GRPCRoute";
+const TLS_ROUTE: &str = "TLSRoute";
+const TCP_ROUTE: &str = "TCPRoute";
+
+/// The backend a rule goes to when it has no valid one: it answers 500, as the spec asks.
+pub const INVALID_BACKEND: &str = "gw_invalid";
+
+/// One listener being judged.
+struct ListenerState<'a> {
+    gateway: usize,
+    listener: &'a Listener,
+    id: String,
+    port: u16,
+    hostname: Option<String>,
+    protocol: Option<Protocol>,
+    kinds: Vec<&'static str>,
+    certificates: Vec<SecretKey>,
+    /// Why it cannot be served (Accepted=False), if it cannot.
+    refused: Option<(&'static str, String)>,
+    /// ResolvedRefs=False, if a reference is wrong.
+    unresolved: Option<(&'static str, String)>,
+    /// Conflicted=True, if it is.
+    conflict: Option<(&'static str, String)>,
+    attached: i64,
+}
+
+impl ListenerState<'_> {
+    fn served(&self) -> bool {
+        self.refused.is_none() && self.conflict.is_none() && self.protocol.is_some()
+    }
+}
+
+fn default_kinds(protocol: Protocol) -> Vec<&'static str> {
+    match protocol {
+        Protocol::Http | Protocol::Https => vec![HTTP_ROUTE, GRPC_ROUTE],
+        Protocol::TlsPassthrough => vec![TLS_ROUTE],
+        Protocol::Tcp => vec![TCP_ROUTE],
+    }
+}
+
+fn is_core(group: Option<&str>) -> bool {
+    group.is_none_or(str::is_empty)
+}
+
+/// Whether a ReferenceGrant in `to_namespace` lets a `from_kind` in `from_namespace` refer to
+/// the `to_kind` (core group) named `to_name`.
+fn granted(inputs: &Inputs, from_kind: &str, from_namespace: &str, to_kind: &str, to_namespace: &str, to_name: &str) -> bool {
+    inputs.grants.iter().filter(|grant| grant.metadata.namespace == to_namespace).any(|grant| {
+        grant.spec.from.iter().any(|from| from.group == GROUP && from.kind == from_kind && from.namespace == from_namespace)
+            && grant.spec.to.iter().any(|to| {
+                to.group.is_empty() && to.kind == to_kind && to.name.as_deref().is_none_or(|name| name == to_name)
+            })
+    })
+}
+
+/// A printable name part (DNS labels and subdomains).
+fn plain(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+fn valid_hostname(host: &str) -> bool {
+    crate::render::filters::hostname(host).is_ok()
+}
+
+fn valid_path(path: &str) -> bool {
+    path.starts_with('/') && crate::render::filters::url_path(path).is_ok()
+}
+
+fn valid_header_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+fn printable(text: &str) -> bool {
+    crate::render::filters::forbidden_char(text).is_none()
+}
+
+fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[&'a Gateway]) -> Vec<ListenerState<'a>> {
+    let mut states = Vec::new();
+    // Port → (protocol, hostnames taken) across every served Gateway: one fleet serves them all.
+    let mut ports: BTreeMap<u16, (Protocol, Vec<Option<String>>)> = BTreeMap::new();
+    for (index, gateway) in gateways.iter().enumerate() {
+        for listener in &gateway.spec.listeners {
+            let meta = &gateway.metadata;
+            let mut state = ListenerState {
+                gateway: index,
+                listener,
+                id: format!("{}_{}_{}", meta.namespace, meta.name, listener.name),
+                port: u16::try_from(listener.port).unwrap_or(0),
+                hostname: listener.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
+                protocol: None,
+                kinds: Vec::new(),
+                certificates: Vec::new(),
+                refused: None,
+                unresolved: None,
+                conflict: None,
+                attached: 0,
+            };
+            let mode = listener.tls.as_ref().and_then(|tls| tls.mode.clone()).unwrap_or_else(|| "Terminate".into());
+            state.protocol = match (listener.protocol.as_str(), mode.as_str()) {
+                ("HTTP", _) => Some(Protocol::Http),
+                ("HTTPS", "Terminate") => Some(Protocol::Https),
+                ("TLS", "Passthrough") => Some(Protocol::TlsPassthrough),
+                ("TCP", _) => Some(Protocol::Tcp),
+                ("HTTPS", _) | ("TLS", _) => {
+                    state.refused = Some(("UnsupportedValue", format!("protocol {} with TLS mode {mode} is not supported", listener.protocol)));
+                    None
+                }
+                (other, _) => {
+                    state.refused = Some(("UnsupportedProtocol", format!("protocol {other} is not supported")));
+                    None
+                }
+            };
+            if !plain(&state.id) {
+                state.refused = Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
+            }
+            if state.port == 0 || settings.reserved_ports.contains(&state.port) {
+                state.refused = Some((
+                    "PortUnavailable",
+                    format!("port {} is taken by the rest of the configuration", listener.port),
+                ));
+            }
+            if let Some(host) = &state.hostname
+                && !valid_hostname(host)
+            {
+                state.refused = Some(("UnsupportedValue", "the hostname cannot be served".into()));
+            }
+            if let Some(protocol) = state.protocol {
+                let allowed = default_kinds(protocol);
+                let asked = listener.allowed_routes.as_ref().map(|a| a.kinds.clone()).unwrap_or_default();
+                if asked.is_empty() {
+                    state.kinds = allowed;
+                } else {
+                    for kind in &asked {
+                        let group_ok = kind.group.as_deref().is_none_or(|g| g == GROUP);
+                        match allowed.iter().find(|k| **k == kind.kind) {
+                            Some(k) if group_ok => state.kinds.push(k),
+                            _ => {
+                                state.unresolved = Some((
+                                    "InvalidRouteKinds",
+                                    format!("route kind {} is not supported on a {} listener", kind.kind, listener.protocol),
+                                ));
+                            }
+                        }
+                    }
+                }
+                if protocol == Protocol::Https {
+                    for reference in listener.tls.iter().flat_map(|tls| &tls.certificate_refs) {
+                        let namespace = reference.namespace.clone().unwrap_or_else(|| meta.namespace.clone());
+                        let kind = reference.kind.as_deref().unwrap_or("Secret");
+                        let problem = if !is_core(reference.group.as_deref()) || kind != "Secret" {
+                            Some(("InvalidCertificateRef", format!("certificate {} is not a Secret", reference.name)))
+                        } else if namespace != meta.namespace
+                            && !granted(inputs, "Gateway", &meta.namespace, "Secret", &namespace, &reference.name)
+                        {
+                            Some(("RefNotPermitted", format!("no ReferenceGrant lets this Gateway use Secret {namespace}/{}", reference.name)))
+                        } else {
+                            match inputs.secrets.get(&(namespace.clone(), reference.name.clone())) {
+                                Some(secret) if secret.data.contains_key("tls.crt") && secret.data.contains_key("tls.key") => None,
+                                Some(_) => Some(("InvalidCertificateRef", format!("Secret {namespace}/{} holds no certificate and key", reference.name))),
+                                None => Some(("InvalidCertificateRef", format!("Secret {namespace}/{} does not exist", reference.name))),
+                            }
+                        };
+                        match problem {
+                            Some(problem) => state.unresolved = Some(problem),
+                            None => state.certificates.push(SecretKey { namespace, name: reference.name.clone() }),
+                        }
+                    }
+                    if state.certificates.is_empty() && state.refused.is_none() {
+                        state.refused = Some(("Invalid", "no usable certificate".into()));
+                        state.unresolved.get_or_insert(("InvalidCertificateRef", "no certificate".into()));
+                    }
+                }
+            }
+            if state.refused.is_none()
+                && let Some(protocol) = state.protocol
+            {
+                match ports.get_mut(&state.port) {
+                    Some((taken, _)) if *taken != protocol => {
+                        state.conflict = Some(("ProtocolConflict", format!("port {} serves another protocol", state.port)));
+                    }
+                    Some((_, hosts)) if protocol == Protocol::Tcp || hosts.contains(&state.hostname) => {
+                        state.conflict = Some(("HostnameConflict", format!("another listener on port {} serves this hostname", state.port)));
+                    }
+                    Some((_, hosts)) => hosts.push(state.hostname.clone()),
+                    None => {
+                        ports.insert(state.port, (protocol, vec![state.hostname.clone()]));
+                    }
+                }
+            }
+            states.push(state);
+        }
+    }
+    states
+}
+
+/// A backend reference, resolved.
+enum Resolved {
+    Service { namespace: String, name: String, port: u16, weight: u32, h2c: bool },
+    Invalid(&'static str, String),
+}
+
+fn resolve(inputs: &Inputs, route_kind: &str, route_namespace: &str, backend: &BackendRef) -> Resolved {
+    let kind = backend.kind.as_deref().unwrap_or("Service");
+    if !is_core(backend.group.as_deref()) || kind != "Service" {
+        return Resolved::Invalid("InvalidKind", format!("backend {} is a {kind}, not a Service", backend.name));
+    }
+    let namespace = backend.namespace.clone().unwrap_or_else(|| route_namespace.to_owned());
+    if namespace != route_namespace && !granted(inputs, route_kind, route_namespace, "Service", &namespace, &backend.name) {
+        return Resolved::Invalid(
+            "RefNotPermitted",
+            format!("no ReferenceGrant in {namespace} lets this route use Service {namespace}/{}", backend.name),
+        );
+    }
+    let Some(service) = inputs.services.get(&(namespace.clone(), backend.name.clone())) else {
+        return Resolved::Invalid("BackendNotFound", format!("Service {namespace}/{} does not exist", backend.name));
+    };
+    let Some(port) = backend.port.and_then(|p| u16::try_from(p).ok()) else {
+        return Resolved::Invalid("BackendNotFound", format!("backend {} names no port", backend.name));
+    };
+    let Some(service_port) = service.spec.ports.iter().find(|p| p.port == i64::from(port)) else {
+        return Resolved::Invalid("BackendNotFound", format!("Service {namespace}/{} has no port {port}", backend.name));
+    };
+    if !plain(&namespace) || !plain(&backend.name) {
+        return Resolved::Invalid("BackendNotFound", "the Service's name cannot name a backend".into());
+    }
+    let h2c = matches!(service_port.app_protocol.as_deref(), Some("kubernetes.io/h2c" | "grpc"));
+    let weight = backend.weight.unwrap_or(1).clamp(0, 1_000_000) as u32;
+    Resolved::Service { namespace, name: backend.name.clone(), port, weight, h2c }
+}
+
+/// A route's rule, ready to be matched: where it goes.
+struct RuleTarget {
+    /// The backend's name (without `be_`).
+    backend: String,
+    /// A backend of its own, when it needs one.
+    own: Option<RuleBackend>,
+    /// A shared Service backend, when it goes to one.
+    shared: Option<ServiceTarget>,
+}
+
+fn service_target(namespace: &str, name: &str, port: u16) -> ServiceTarget {
+    ServiceTarget {
+        backend: format!("{namespace}_{name}_{port}"),
+        namespace: namespace.to_owned(),
+        service: ServiceRef { name: name.to_owned(), port: PortNumber { number: port } },
+    }
+}
+
+/// Milliseconds of a Gateway API duration (`1h30m`, `500ms`, `10s`); zero means none.
+fn duration_ms(text: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let number: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (1, 2)
+        } else {
+            match rest.bytes().next()? {
+                b'h' => (3_600_000, 1),
+                b'm' => (60_000, 1),
+                b's' => (1000, 1),
+                _ => return None,
+            }
+        };
+        total += number * unit;
+        rest = &rest[len..];
+    }
+    Some(total)
+}
+
+/// The effective match list of a rule: GRPCRoute methods become paths.
+struct Match {
+    path_kind: &'static str,
+    path: String,
+    method: Option<String>,
+    headers: Vec<ValueCondition>,
+    query: Vec<ValueCondition>,
+}
+
+fn value_conditions(list: &[resources::ValueMatch]) -> Result<Vec<ValueCondition>, String> {
+    list.iter()
+        .map(|m| {
+            let kind = match m.kind.as_deref().unwrap_or("Exact") {
+                "Exact" => "exact",
+                "RegularExpression" => "regex",
+                other => return Err(format!("match type {other} is not supported")),
+            };
+            if !valid_header_name(&m.name) || !printable(&m.value) || m.value.is_empty() {
+                return Err(format!("the match on {:?} cannot be expressed", m.name));
+            }
+            if kind == "regex" && regex::Regex::new(&m.value).is_err() {
+                return Err("a regular expression does not compile".into());
+            }
+            Ok(ValueCondition { name: m.name.clone(), kind, value: m.value.clone() })
+        })
+        .collect()
+}
+
+fn http_match(m: &RouteMatch) -> Result<Match, String> {
+    let (path_kind, path) = match &m.path {
+        None => ("prefix", "/".to_owned()),
+        Some(path) => {
+            let value = path.value.clone().unwrap_or_else(|| "/".into());
+            match path.kind.as_deref().unwrap_or("PathPrefix") {
+                "Exact" => ("exact", value),
+                "PathPrefix" => ("prefix", value),
+                "RegularExpression" => ("regex", value),
+                other => return Err(format!("path match type {other} is not supported")),
+            }
+        }
+    };
+    if path_kind == "regex" {
+        if !printable(&path) || regex::Regex::new(&path).is_err() {
+            return Err("a path regular expression does not compile".into());
+        }
+    } else if !valid_path(&path) {
+        return Err("a path cannot be served".into());
+    }
+    let method = match &m.method {
+        None => None,
+        Some(serde_json::Value::String(method)) if method.bytes().all(|b| b.is_ascii_uppercase()) => Some(method.clone()),
+        Some(_) => return Err("the method cannot be matched".into()),
+    };
+    let headers = value_conditions(&m.headers)?;
+    let query = value_conditions(&m.query_params)?;
+    for q in &query {
+        if !q.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
+            return Err("a query parameter's name cannot be matched".into());
+        }
+    }
+    Ok(Match { path_kind, path, method, headers, query })
+}
+
+fn grpc_match(m: &RouteMatch) -> Result<Match, String> {
+    let method = m.method.as_ref().cloned().unwrap_or(serde_json::Value::Null);
+    let field = |name: &str| method.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+    let (service, name) = (field("service"), field("method"));
+    let kind = field("type").unwrap_or_else(|| "Exact".into());
+    let word = |text: &Option<String>| text.as_ref().is_none_or(|t| t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_'));
+    let (path_kind, path) = match (kind.as_str(), &service, &name) {
+        ("Exact", Some(s), Some(n)) if word(&service) && word(&name) => ("exact", format!("/{s}/{n}")),
+        ("Exact", Some(s), None) if word(&service) => ("prefix", format!("/{s}")),
+        ("Exact", None, Some(n)) if word(&name) => ("regex", format!("^/[^/]+/{n}$")),
+        ("Exact", None, None) => ("prefix", "/".into()),
+        ("RegularExpression", s, n) => {
+            let s = s.clone().unwrap_or_else(|| "[^/]+".into());
+            let n = n.clone().unwrap_or_else(|| "[^/]+".into());
+            ("regex", format!("^/({s})/({n})$"))
+        }
+        _ => return Err("the gRPC method match cannot be expressed".into()),
+    };
+    if path_kind == "regex" && (!printable(&path) || regex::Regex::new(&path).is_err()) {
+        return Err("a gRPC method regular expression does not compile".into());
+    }
+    Ok(Match { path_kind, path, method: None, headers: value_conditions(&m.headers)?, query: Vec::new() })
+}
+
+/// The spec's precedence as one number: host, then path kind and length, then method, headers
+/// and query parameters. Higher wins.
+fn rank(host: Option<&str>, m: &Match) -> u64 {
+    let path_type = match m.path_kind {
+        "exact" => 2,
+        "prefix" => 1,
+        _ => 0,
+    };
+    let path_length = if m.path_kind == "regex" { 0 } else { m.path.trim_end_matches('/').len().min(2047) as u64 };
+    let host = hostnames::specificity(host).min(2047);
+    ((((host * 4 + path_type) * 2048 + path_length) * 2 + u64::from(m.method.is_some())) * 32
+        + (m.headers.len().min(31) as u64))
+        * 32
+        + m.query.len().min(31) as u64
+}
+
+struct RouteContext<'a> {
+    kind: &'static str,
+    route: &'a Route,
+    order: usize,
+}
+
+/// Works out where each rule of a route goes; the first problem with a filter or match
+/// refuses the route (UnsupportedValue), the first bad reference is its ResolvedRefs reason.
+fn rule_targets(
+    inputs: &Inputs,
+    ctx: &RouteContext<'_>,
+    unresolved: &mut Option<(&'static str, String)>,
+) -> Result<Vec<(RuleTarget, Vec<Match>)>, String> {
+    let meta = &ctx.route.metadata;
+    let prefix = match ctx.kind {
+        HTTP_ROUTE => "http",
+        GRPC_ROUTE => "grpc",
+        TLS_ROUTE => "tls",
+        _ => "tcp",
+    };
+    let mut out = Vec::new();
+    for (index, rule) in ctx.route.spec.rules.iter().enumerate() {
+        let matches: Vec<Match> = match ctx.kind {
+            HTTP_ROUTE if rule.matches.is_empty() => vec![http_match(&RouteMatch::default())?],
+            HTTP_ROUTE => rule.matches.iter().map(http_match).collect::<Result<_, _>>()?,
+            GRPC_ROUTE if rule.matches.is_empty() => vec![grpc_match(&RouteMatch::default())?],
+            GRPC_ROUTE => rule.matches.iter().map(grpc_match).collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        let name = format!("{prefix}_{}_{}_r{}", meta.namespace, meta.name, index + 1);
+        let target = rule_target(inputs, ctx, rule, &matches, name, unresolved)?;
+        out.push((target, matches));
+    }
+    Ok(out)
+}
+
+fn rule_target(
+    inputs: &Inputs,
+    ctx: &RouteContext<'_>,
+    rule: &RouteRule,
+    matches: &[Match],
+    name: String,
+    unresolved: &mut Option<(&'static str, String)>,
+) -> Result<RuleTarget, String> {
+    let meta = &ctx.route.metadata;
+    let tcp = matches!(ctx.kind, TLS_ROUTE | TCP_ROUTE);
+    let mut own = RuleBackend { name: name.clone(), mode: if tcp { "tcp" } else { "http" }, h2: ctx.kind == GRPC_ROUTE, ..RuleBackend::default() };
+    let mut needs_own = tcp || ctx.kind == GRPC_ROUTE;
+    for filter in &rule.filters {
+        needs_own = true;
+        match filter.kind.as_str() {
+            "RequestHeaderModifier" | "ResponseHeaderModifier" => {
+                let (modifier, changes) = if filter.kind == "RequestHeaderModifier" {
+                    (filter.request_header_modifier.as_ref(), &mut own.request_headers)
+                } else {
+                    (filter.response_header_modifier.as_ref(), &mut own.response_headers)
+                };
+                let modifier = modifier.ok_or("a header filter has no settings")?;
+                *changes = header_changes(modifier)?;
+            }
+            "RequestRedirect" => {
+                let redirect = filter.request_redirect.as_ref().ok_or("a redirect has no settings")?;
+                let code = redirect.status_code.unwrap_or(302);
+                if ![301, 302, 303, 307, 308].contains(&code) {
+                    return Err(format!("redirect status {code} is not supported"));
+                }
+                if let Some(host) = &redirect.hostname
+                    && !valid_hostname(host)
+                {
+                    return Err("the redirect's hostname cannot be served".into());
+                }
+                let scheme = redirect.scheme.clone();
+                if scheme.as_deref().is_some_and(|s| s != "http" && s != "https") {
+                    return Err("the redirect's scheme is not http or https".into());
+                }
+                own.redirect = Some(RedirectModel {
+                    scheme,
+                    hostname: redirect.hostname.clone(),
+                    port: redirect.port.and_then(|p| u16::try_from(p).ok()),
+                    path: redirect.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?,
+                    code: code as u16,
+                });
+            }
+            "URLRewrite" => {
+                let rewrite = filter.url_rewrite.as_ref().ok_or("a rewrite has no settings")?;
+                if let Some(host) = &rewrite.hostname {
+                    if !valid_hostname(host) {
+                        return Err("the rewrite's hostname cannot be served".into());
+                    }
+                    own.rewrite_host = Some(host.clone());
+                }
+                own.rewrite_path = rewrite.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?;
+            }
+            "RequestMirror" => {
+                // HAProxy has no mirroring of its own; until the library has one, a rule that
+                // asks for it is refused rather than served without its copies.
+                let mirror = filter.request_mirror.as_ref().ok_or("a mirror has no settings")?;
+                if let Resolved::Service { namespace, name, port, .. } =
+                    resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref)
+                {
+                    own.mirror = Some(service_target(&namespace, &name, port));
+                }
+                return Err("filter RequestMirror is not supported".into());
+            }
+            other => return Err(format!("filter {other} is not supported")),
+        }
+    }
+    if let Some(timeouts) = &rule.timeouts {
+        let chosen = timeouts.backend_request.as_deref().or(timeouts.request.as_deref());
+        if let Some(text) = chosen {
+            let ms = duration_ms(text).ok_or("a timeout is not a duration")?;
+            if ms > 0 {
+                own.timeout = Some(format!("{ms}ms"));
+                needs_own = true;
+            }
+        }
+    }
+    let mut valid = Vec::new();
+    let mut any_invalid = false;
+    for backend in &rule.backend_refs {
+        match resolve(inputs, ctx.kind, &meta.namespace, backend) {
+            Resolved::Service { namespace, name, port, weight, h2c } => {
+                if h2c && ctx.kind == HTTP_ROUTE {
+                    own.h2 = true;
+                    needs_own = true;
+                }
+                if weight > 0 {
+                    valid.push(WeightedRef { namespace, service: ServiceRef { name, port: PortNumber { number: port } }, weight });
+                }
+            }
+            Resolved::Invalid(reason, message) => {
+                any_invalid = true;
+                unresolved.get_or_insert((reason, message));
+            }
+        }
+    }
+    if own.redirect.is_some() {
+        return Ok(RuleTarget { backend: name, own: Some(own), shared: None });
+    }
+    if valid.is_empty() {
+        // No backend to send to: the spec's 500 (also for a rule with only invalid references).
+        let _ = any_invalid;
+        return Ok(RuleTarget { backend: INVALID_BACKEND.into(), own: None, shared: None });
+    }
+    if valid.len() > 1 {
+        needs_own = true;
+        own.weighted = true;
+    }
+    if !needs_own {
+        let only = &valid[0];
+        let shared = service_target(&only.namespace, &only.service.name, only.service.port.number);
+        return Ok(RuleTarget { backend: shared.backend.clone(), own: None, shared: Some(shared) });
+    }
+    own.refs = valid;
+    Ok(RuleTarget { backend: name, own: Some(own), shared: None })
+}
+
+fn header_changes(modifier: &resources::HeaderModifier) -> Result<HeaderChanges, String> {
+    let pair = |h: &resources::Header| -> Result<(String, String), String> {
+        if !valid_header_name(&h.name) || !printable(&h.value) {
+            return Err(format!("header {:?} cannot be written", h.name));
+        }
+        Ok((h.name.clone(), h.value.clone()))
+    };
+    let remove = modifier
+        .remove
+        .iter()
+        .map(|name| if valid_header_name(name) { Ok(name.clone()) } else { Err(format!("header {name:?} cannot be removed")) })
+        .collect::<Result<_, _>>()?;
+    Ok(HeaderChanges {
+        set: modifier.set.iter().map(pair).collect::<Result<_, _>>()?,
+        add: modifier.add.iter().map(pair).collect::<Result<_, _>>()?,
+        remove,
+    })
+}
+
+fn path_rewrite(modifier: &resources::PathModifier, matches: &[Match]) -> Result<PathRewrite, String> {
+    match modifier.kind.as_str() {
+        "ReplaceFullPath" => {
+            let path = modifier.replace_full_path.clone().unwrap_or_else(|| "/".into());
+            if !valid_path(&path) {
+                return Err("the replacement path cannot be written".into());
+            }
+            Ok(PathRewrite { kind: "full", value: path, pattern: String::new(), replacement: String::new(), whole: None })
+        }
+        "ReplacePrefixMatch" => {
+            let replacement = modifier.replace_prefix_match.clone().unwrap_or_else(|| "/".into());
+            if !valid_path(&replacement) {
+                return Err("the replacement prefix cannot be written".into());
+            }
+            // The spec allows it only with one PathPrefix match, whose prefix is replaced.
+            let [only] = matches else { return Err("ReplacePrefixMatch needs exactly one PathPrefix match".into()) };
+            if only.path_kind != "prefix" {
+                return Err("ReplacePrefixMatch needs a PathPrefix match".into());
+            }
+            // Element-wise: the prefix, then the end of the path or a `/` and the rest.
+            let matched = only.path.trim_end_matches('/');
+            let value = replacement.trim_end_matches('/');
+            let escaped = regex::escape(matched);
+            Ok(if value.is_empty() {
+                PathRewrite {
+                    kind: "prefix",
+                    value: String::new(),
+                    pattern: format!("^{escaped}(/.*)$"),
+                    replacement: "\\1".into(),
+                    whole: Some(format!("^{escaped}/?$")),
+                }
+            } else {
+                PathRewrite {
+                    kind: "prefix",
+                    value: String::new(),
+                    pattern: format!("^{escaped}(/.*)?$"),
+                    replacement: format!("{value}\\1"),
+                    whole: None,
+                }
+            })
+        }
+        other => Err(format!("path modifier {other} is not supported")),
+    }
+}
+
+/// One route being attached.
+struct Attachment {
+    listener: usize,
+    hosts: Vec<Option<String>>,
+}
+
+/// Builds the model and every status from the watched objects.
+pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
+    let mut model = Model::default();
+    let classes: BTreeSet<&str> = inputs
+        .classes
+        .iter()
+        .filter(|class| class.spec.controller_name == settings.controller_name)
+        .map(|class| class.metadata.name.as_str())
+        .collect();
+    for class in inputs.classes.iter().filter(|c| classes.contains(c.metadata.name.as_str())) {
+        model.status.push(ObjectStatus {
+            kind: "GatewayClass",
+            namespace: String::new(),
+            name: class.metadata.name.clone(),
+            generation: class.metadata.generation,
+            body: Body::Class(vec![Condition::yes("Accepted", "Accepted", "haptic serves this class")]),
+        });
+    }
+    let mut gateways: Vec<&Gateway> =
+        inputs.gateways.iter().filter(|g| classes.contains(g.spec.gateway_class_name.as_str())).collect();
+    gateways.sort_by(|a, b| {
+        (&a.metadata.creation_timestamp, &a.metadata.namespace, &a.metadata.name)
+            .cmp(&(&b.metadata.creation_timestamp, &b.metadata.namespace, &b.metadata.name))
+    });
+    let mut listeners = judge_listeners(settings, inputs, &gateways);
+
+    let mut frontends: BTreeMap<u16, Frontend> = BTreeMap::new();
+    for state in listeners.iter().filter(|s| s.served()) {
+        let Some(protocol) = state.protocol else { continue };
+        let frontend = frontends.entry(state.port).or_insert_with(|| Frontend {
+            name: format!("gw_{}", state.port),
+            port: state.port,
+            protocol,
+            listeners: Vec::new(),
+            certificates: Vec::new(),
+            exact_entries: Vec::new(),
+            prefix_entries: Vec::new(),
+            conditional: Vec::new(),
+            tcp_backend: None,
+        });
+        frontend.listeners.push(ListenerModel {
+            id: state.id.clone(),
+            hostname: state.hostname.clone(),
+            host_kind: HostKind::of(state.hostname.as_deref()),
+            suffix: state.hostname.as_ref().and_then(|h| h.strip_prefix('*')).map(str::to_owned),
+        });
+        for certificate in &state.certificates {
+            if !frontend.certificates.contains(certificate) {
+                frontend.certificates.push(certificate.clone());
+            }
+        }
+    }
+    for frontend in frontends.values_mut() {
+        frontend.listeners.sort_by_key(|l| std::cmp::Reverse(hostnames::specificity(l.hostname.as_deref())));
+    }
+
+    // Routes, oldest first (the spec's tie-break), each kind in turn.
+    let mut routes: Vec<RouteContext<'_>> = Vec::new();
+    for (kind, list) in [
+        (HTTP_ROUTE, &inputs.http_routes),
+        (GRPC_ROUTE, &inputs.grpc_routes),
+        (TLS_ROUTE, &inputs.tls_routes),
+        (TCP_ROUTE, &inputs.tcp_routes),
+    ] {
+        for route in list {
+            routes.push(RouteContext { kind, route, order: 0 });
+        }
+    }
+    routes.sort_by(|a, b| {
+        let key = |r: &RouteContext<'_>| {
+            (r.route.metadata.creation_timestamp.clone(), r.route.metadata.namespace.clone(), r.route.metadata.name.clone())
+        };
+        key(a).cmp(&key(b))
+    });
+    for (order, route) in routes.iter_mut().enumerate() {
+        route.order = order;
+    }
+
+    let mut exact: BTreeMap<u16, BTreeMap<String, String>> = BTreeMap::new();
+    let mut prefix: BTreeMap<u16, BTreeMap<String, String>> = BTreeMap::new();
+    let mut conditional: BTreeMap<u16, Vec<(u64, usize, usize, usize, ConditionalRule)>> = BTreeMap::new();
+    let mut shared: BTreeSet<ServiceTarget> = BTreeSet::new();
+    let mut own: BTreeMap<String, RuleBackend> = BTreeMap::new();
+    let mut uses_invalid = false;
+
+    for ctx in &routes {
+        let meta = &ctx.route.metadata;
+        let mut parents = Vec::new();
+        let mut attachments: Vec<Attachment> = Vec::new();
+        for parent in &ctx.route.spec.parent_refs {
+            if parent.group.as_deref().is_some_and(|g| g != GROUP) || parent.kind.as_deref().is_some_and(|k| k != "Gateway") {
+                continue;
+            }
+            let namespace = parent.namespace.clone().unwrap_or_else(|| meta.namespace.clone());
+            let Some(gateway) =
+                gateways.iter().position(|g| g.metadata.namespace == namespace && g.metadata.name == parent.name)
+            else {
+                continue;
+            };
+            let (accepted, reason) = attach(inputs, ctx, gateways[gateway], gateway, parent, &listeners, &mut attachments);
+            let condition = if accepted {
+                Condition::yes("Accepted", "Accepted", "attached")
+            } else {
+                Condition::no("Accepted", reason.0, reason.1)
+            };
+            parents.push((parent.clone(), condition));
+        }
+        if parents.is_empty() {
+            continue;
+        }
+        let mut unresolved = None;
+        let targets = rule_targets(inputs, ctx, &mut unresolved);
+        let refused = targets.as_ref().err().cloned();
+        let resolved = match &unresolved {
+            Some((reason, message)) => Condition::no("ResolvedRefs", reason, message.clone()),
+            None => Condition::yes("ResolvedRefs", "ResolvedRefs", "every reference resolved"),
+        };
+        let parent_statuses = parents
+            .into_iter()
+            .map(|(parent_ref, accepted)| {
+                let accepted = match (&refused, accepted.status) {
+                    (Some(why), true) => Condition::no("Accepted", "UnsupportedValue", why.clone()),
+                    _ => accepted,
+                };
+                ParentStatus { parent_ref, conditions: vec![accepted, resolved.clone()] }
+            })
+            .collect();
+        model.status.push(ObjectStatus {
+            kind: ctx.kind,
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone(),
+            generation: meta.generation,
+            body: Body::Route(parent_statuses),
+        });
+        let Ok(targets) = targets else { continue };
+        for attachment in &attachments {
+            listeners[attachment.listener].attached += 1;
+        }
+        for (rule_index, (target, matches)) in targets.into_iter().enumerate() {
+            let mut used = false;
+            for attachment in &attachments {
+                let listener = &listeners[attachment.listener];
+                let port = listener.port;
+                used = true;
+                match ctx.kind {
+                    TCP_ROUTE => {
+                        if let Some(frontend) = frontends.get_mut(&port) {
+                            frontend.tcp_backend.get_or_insert_with(|| target.backend.clone());
+                        }
+                    }
+                    TLS_ROUTE => {
+                        if rule_index > 0 {
+                            continue;
+                        }
+                        for host in &attachment.hosts {
+                            let key = format!("{}|{}", listener.id, host.as_deref().unwrap_or(""));
+                            exact.entry(port).or_default().entry(key).or_insert_with(|| format!("0:{}", target.backend));
+                        }
+                    }
+                    _ => {
+                        for host in &attachment.hosts {
+                            for (match_index, m) in matches.iter().enumerate() {
+                                let value_rank = rank(host.as_deref(), m);
+                                let value = format!("{value_rank}:{}", target.backend);
+                                let host_text = host.as_deref().unwrap_or("");
+                                let simple = m.method.is_none() && m.headers.is_empty() && m.query.is_empty();
+                                let prefix_key = format!("{}/", m.path.trim_end_matches('/'));
+                                match (m.path_kind, simple) {
+                                    ("exact", true) => {
+                                        let key = format!("{}|{host_text}{}", listener.id, m.path);
+                                        exact.entry(port).or_default().entry(key).or_insert(value);
+                                    }
+                                    ("prefix", true) => {
+                                        let key = format!("{}|{host_text}{prefix_key}", listener.id);
+                                        prefix.entry(port).or_default().entry(key).or_insert(value);
+                                    }
+                                    _ => {
+                                        let rule = ConditionalRule {
+                                            listener: listener.id.clone(),
+                                            host: host.clone(),
+                                            host_kind: HostKind::of(host.as_deref()),
+                                            suffix: host.as_ref().and_then(|h| h.strip_prefix('*')).map(str::to_owned),
+                                            path_kind: m.path_kind,
+                                            path: m.path.clone(),
+                                            prefix_key,
+                                            method: m.method.clone(),
+                                            headers: m.headers.clone(),
+                                            query: m.query.clone(),
+                                            value,
+                                            rank: value_rank,
+                                        };
+                                        conditional.entry(port).or_default().push((
+                                            value_rank,
+                                            ctx.order,
+                                            rule_index,
+                                            match_index,
+                                            rule,
+                                        ));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !used {
+                continue;
+            }
+            if target.backend == INVALID_BACKEND {
+                uses_invalid = true;
+            }
+            if let Some(target) = target.shared {
+                shared.insert(target);
+            }
+            if let Some(backend) = target.own {
+                if let Some(mirror) = &backend.mirror {
+                    shared.insert(mirror.clone());
+                }
+                own.entry(backend.name.clone()).or_insert(backend);
+            }
+        }
+    }
+
+    for (port, frontend) in &mut frontends {
+        frontend.exact_entries = exact
+            .remove(port)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, value)| MapEntry { key, value })
+            .collect();
+        frontend.prefix_entries = prefix
+            .remove(port)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, value)| MapEntry { key, value })
+            .collect();
+        let mut rules = conditional.remove(port).unwrap_or_default();
+        rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+        frontend.conditional = rules.into_iter().map(|(.., rule)| rule).collect();
+    }
+    if uses_invalid {
+        own.insert(INVALID_BACKEND.into(), RuleBackend {
+            name: INVALID_BACKEND.into(),
+            mode: "http",
+            fixed_status: Some(500),
+            ..RuleBackend::default()
+        });
+    }
+    model.frontends = frontends.into_values().collect();
+    model.service_backends = shared.into_iter().collect();
+    model.rule_backends = own.into_values().collect();
+
+    let addresses = if settings.addresses.is_empty() { inputs.pod_ips.clone() } else { settings.addresses.clone() };
+    for (index, gateway) in gateways.iter().enumerate() {
+        let mine: Vec<&ListenerState<'_>> = listeners.iter().filter(|l| l.gateway == index).collect();
+        let statuses: Vec<ListenerStatus> = mine.iter().map(|l| listener_status(l)).collect();
+        let served = mine.iter().filter(|l| l.served()).count();
+        let conditions = if served == mine.len() {
+            vec![
+                Condition::yes("Accepted", "Accepted", "every listener is served"),
+                Condition::yes("Programmed", "Programmed", "rendered into the HAProxy configuration"),
+            ]
+        } else if served > 0 {
+            vec![
+                Condition::yes("Accepted", "ListenersNotValid", "some listeners are not served"),
+                Condition::yes("Programmed", "Programmed", "rendered into the HAProxy configuration"),
+            ]
+        } else {
+            vec![
+                Condition::no("Accepted", "ListenersNotValid", "no listener can be served"),
+                Condition::no("Programmed", "Invalid", "nothing to serve"),
+            ]
+        };
+        model.status.push(ObjectStatus {
+            kind: "Gateway",
+            namespace: gateway.metadata.namespace.clone(),
+            name: gateway.metadata.name.clone(),
+            generation: gateway.metadata.generation,
+            body: Body::Gateway { conditions, addresses: addresses.clone(), listeners: statuses },
+        });
+    }
+    model
+}
+
+fn listener_status(state: &ListenerState<'_>) -> ListenerStatus {
+    let mut conditions = Vec::new();
+    match (&state.refused, state.protocol) {
+        (Some((reason, message)), _) => conditions.push(Condition::no("Accepted", reason, message.clone())),
+        (None, None) => conditions.push(Condition::no("Accepted", "UnsupportedProtocol", "not served")),
+        (None, Some(_)) => conditions.push(Condition::yes("Accepted", "Accepted", "served")),
+    }
+    match &state.conflict {
+        Some((reason, message)) => conditions.push(Condition::yes("Conflicted", reason, message.clone())),
+        None => conditions.push(Condition::no("Conflicted", "NoConflicts", "no conflict")),
+    }
+    match &state.unresolved {
+        Some((reason, message)) => conditions.push(Condition::no("ResolvedRefs", reason, message.clone())),
+        None => conditions.push(Condition::yes("ResolvedRefs", "ResolvedRefs", "every reference resolved")),
+    }
+    if state.served() {
+        conditions.push(Condition::yes("Programmed", "Programmed", "rendered into the HAProxy configuration"));
+    } else {
+        conditions.push(Condition::no("Programmed", "Invalid", "not served"));
+    }
+    ListenerStatus {
+        name: state.listener.name.clone(),
+        supported_kinds: state.kinds.clone(),
+        attached_routes: state.attached,
+        conditions,
+    }
+}
+
+/// Attaches a route to the listeners of one Gateway its parent reference selects; on failure,
+/// the reason the spec names.
+fn attach(
+    inputs: &Inputs,
+    ctx: &RouteContext<'_>,
+    gateway: &Gateway,
+    gateway_index: usize,
+    parent: &ParentReference,
+    listeners: &[ListenerState<'_>],
+    attachments: &mut Vec<Attachment>,
+) -> (bool, (&'static str, String)) {
+    let meta = &ctx.route.metadata;
+    let candidates: Vec<usize> = listeners
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.gateway == gateway_index)
+        .filter(|(_, l)| parent.section_name.as_ref().is_none_or(|s| *s == l.listener.name))
+        .filter(|(_, l)| parent.port.is_none_or(|p| p == i64::from(l.port)))
+        .map(|(i, _)| i)
+        .collect();
+    if candidates.is_empty() {
+        return (false, ("NoMatchingParent", "no listener has that name or port".into()));
+    }
+    let mut reason = ("NoMatchingParent", "no listener of the Gateway is served".to_owned());
+    let mut attached = false;
+    for index in candidates {
+        let listener = &listeners[index];
+        if !listener.served() {
+            continue;
+        }
+        if !listener.kinds.contains(&ctx.kind) {
+            reason = ("NotAllowedByListeners", format!("listener {} does not take {}s", listener.listener.name, ctx.kind));
+            continue;
+        }
+        let from = listener
+            .listener
+            .allowed_routes
+            .as_ref()
+            .and_then(|a| a.namespaces.as_ref())
+            .and_then(|n| n.from.clone())
+            .unwrap_or_else(|| "Same".into());
+        let allowed = match from.as_str() {
+            "All" => true,
+            "Same" => meta.namespace == gateway.metadata.namespace,
+            "Selector" => {
+                let selector = listener.listener.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref()).and_then(|n| n.selector.as_ref());
+                let labels = inputs.namespaces.get(&meta.namespace);
+                match (selector, labels) {
+                    (Some(selector), Some(labels)) => selector.matches(labels),
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        if !allowed {
+            reason = ("NotAllowedByListeners", format!("listener {} does not take routes from namespace {}", listener.listener.name, meta.namespace));
+            continue;
+        }
+        let hosts = if ctx.kind == TCP_ROUTE {
+            vec![None]
+        } else {
+            let valid: Vec<String> = ctx.route.spec.hostnames.iter().filter(|h| valid_hostname(h)).cloned().collect();
+            hostnames::intersect(listener.hostname.as_deref(), &valid)
+        };
+        if hosts.is_empty() {
+            if reason.0 != "NotAllowedByListeners" {
+                reason = ("NoMatchingListenerHostname", "no hostname of the route is the listener's".into());
+            }
+            continue;
+        }
+        attachments.push(Attachment { listener: index, hosts });
+        attached = true;
+    }
+    (attached, reason)
+}
