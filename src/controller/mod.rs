@@ -6,6 +6,7 @@
 //! for it. Deploying the render to pods joins in the fleet issue (#4).
 
 mod deploy;
+mod gateway_status;
 mod output;
 mod status;
 
@@ -136,6 +137,7 @@ pub async fn run(
     let instance = options.election.as_ref().map(|e| e.identity.clone()).unwrap_or_else(|| "haptic".into());
     let mut status = status::StatusWriter::new(client.clone(), configs, options.name.clone(), instance);
     let mut facts = StatusFacts::default();
+    let mut gateway_writer: Option<gateway_status::GatewayStatusWriter> = None;
     let mut status_tick = tokio::time::interval(std::time::Duration::from_secs(1));
     status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut active: Option<Active> = None;
@@ -260,8 +262,10 @@ pub async fn run(
                         if coalescer.as_ref().is_none_or(|c| c.settings != settings) {
                             coalescer = Some(Coalescer::start(settings, render_tx.clone()));
                         }
-                        // The old watches stop when `active` is replaced.
+                        // The old watches stop when `active` is replaced; the Gateway API status
+                        // writer starts over with the version's controller name.
                         active = Some(next);
+                        gateway_writer = None;
                         api.ready.store(true, std::sync::atomic::Ordering::Release);
                         facts.valid = Some(ValidCondition::accepted(generation));
                         if let Some(coalescer) = &coalescer {
@@ -284,6 +288,9 @@ pub async fn run(
                         facts.pods = Some(pod_facts(journal, &active.watches.all_pods(), files));
                     }
                     status.publish(&facts).await;
+                    if let Some(writer) = gateway_writer.as_mut() {
+                        writer.flush().await;
+                    }
                 }
             }
             Some(change) = watch_rx.recv() => {
@@ -333,6 +340,15 @@ pub async fn run(
                         continue;
                     }
                 };
+                if let (Some(settings), true) = (&active.spec.gateway_api, writes_status(*leadership.borrow(), &journal)) {
+                    let writer = gateway_writer.get_or_insert_with(|| {
+                        gateway_status::GatewayStatusWriter::new(client.clone(), settings.controller_name.clone())
+                    });
+                    if let Some(statuses) = active.renderer.gateway_status() {
+                        writer.offer(statuses);
+                        writer.flush().await;
+                    }
+                }
                 facts.render = Some(RenderFact::Rendered {
                     files: files.entries().count(),
                     checksum: files.haproxy_cfg.checksum.to_string().chars().take(12).collect(),

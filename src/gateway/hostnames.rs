@@ -89,10 +89,22 @@ mod tests {
         assert_eq!(intersect(None, &[]), vec![None]);
         assert_eq!(intersect(Some("foo.com"), &[]), vec![Some("foo.com".into())]);
         assert_eq!(intersect(None, &names(&["foo.com"])), vec![Some("foo.com".into())]);
-        assert_eq!(intersect(Some("*.example.com"), &names(&["foo.example.com"])), vec![Some("foo.example.com".into())]);
-        assert_eq!(intersect(Some("foo.example.com"), &names(&["*.example.com"])), vec![Some("foo.example.com".into())]);
-        assert_eq!(intersect(Some("*.example.com"), &names(&["*.foo.example.com"])), vec![Some("*.foo.example.com".into())]);
-        assert_eq!(intersect(Some("*.foo.example.com"), &names(&["*.example.com"])), vec![Some("*.foo.example.com".into())]);
+        assert_eq!(
+            intersect(Some("*.example.com"), &names(&["foo.example.com"])),
+            vec![Some("foo.example.com".into())]
+        );
+        assert_eq!(
+            intersect(Some("foo.example.com"), &names(&["*.example.com"])),
+            vec![Some("foo.example.com".into())]
+        );
+        assert_eq!(
+            intersect(Some("*.example.com"), &names(&["*.foo.example.com"])),
+            vec![Some("*.foo.example.com".into())]
+        );
+        assert_eq!(
+            intersect(Some("*.foo.example.com"), &names(&["*.example.com"])),
+            vec![Some("*.foo.example.com".into())]
+        );
         assert!(intersect(Some("foo.com"), &names(&["bar.com"])).is_empty());
         assert!(intersect(Some("*.example.com"), &names(&["example.com", "*.other.com"])).is_empty());
     }

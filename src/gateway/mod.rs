@@ -380,11 +380,15 @@ impl Inputs {
             let key = crate::store::ObjectKey { namespace: namespace.to_owned(), name: name.to_owned() };
             stores.get(alias).and_then(|store| store.by_key(&key).cloned())
         };
-        let routes = inputs.http_routes.iter().chain(&inputs.grpc_routes).chain(&inputs.tls_routes).chain(&inputs.tcp_routes);
+        let routes =
+            inputs.http_routes.iter().chain(&inputs.grpc_routes).chain(&inputs.tls_routes).chain(&inputs.tcp_routes);
         let mut wanted = Vec::new();
         for route in routes {
             for rule in &route.spec.rules {
-                let refs = rule.backend_refs.iter().chain(rule.filters.iter().filter_map(|f| f.request_mirror.as_ref()).map(|m| &m.backend_ref));
+                let refs = rule
+                    .backend_refs
+                    .iter()
+                    .chain(rule.filters.iter().filter_map(|f| f.request_mirror.as_ref()).map(|m| &m.backend_ref));
                 for backend in refs {
                     let namespace = backend.namespace.clone().unwrap_or_else(|| route.metadata.namespace.clone());
                     wanted.push((namespace, backend.name.clone()));

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::hostnames;
-use super::resources::{self, BackendRef, Gateway, Listener, ParentReference, Route, RouteMatch, RouteRule, GROUP};
+use super::resources::{self, BackendRef, GROUP, Gateway, Listener, ParentReference, Route, RouteMatch, RouteRule};
 use super::status::{Body, Condition, ListenerStatus, ObjectStatus, ParentStatus};
 use super::{
     ConditionalRule, Frontend, GatewaySettings, HeaderChanges, HostKind, Inputs, ListenerModel, MapEntry, Model,
@@ -59,9 +59,20 @@ fn is_core(group: Option<&str>) -> bool {
 
 /// Whether a ReferenceGrant in `to_namespace` lets a `from_kind` in `from_namespace` refer to
 /// the `to_kind` (core group) named `to_name`.
-fn granted(inputs: &Inputs, from_kind: &str, from_namespace: &str, to_kind: &str, to_namespace: &str, to_name: &str) -> bool {
+fn granted(
+    inputs: &Inputs,
+    from_kind: &str,
+    from_namespace: &str,
+    to_kind: &str,
+    to_namespace: &str,
+    to_name: &str,
+) -> bool {
     inputs.grants.iter().filter(|grant| grant.metadata.namespace == to_namespace).any(|grant| {
-        grant.spec.from.iter().any(|from| from.group == GROUP && from.kind == from_kind && from.namespace == from_namespace)
+        grant
+            .spec
+            .from
+            .iter()
+            .any(|from| from.group == GROUP && from.kind == from_kind && from.namespace == from_namespace)
             && grant.spec.to.iter().any(|to| {
                 to.group.is_empty() && to.kind == to_kind && to.name.as_deref().is_none_or(|name| name == to_name)
             })
@@ -89,7 +100,11 @@ fn printable(text: &str) -> bool {
     crate::render::filters::forbidden_char(text).is_none()
 }
 
-fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[&'a Gateway]) -> Vec<ListenerState<'a>> {
+fn judge_listeners<'a>(
+    settings: &GatewaySettings,
+    inputs: &Inputs,
+    gateways: &[&'a Gateway],
+) -> Vec<ListenerState<'a>> {
     let mut states = Vec::new();
     // Port → (protocol, hostnames taken) across every served Gateway: one fleet serves them all.
     let mut ports: BTreeMap<u16, (Protocol, Vec<Option<String>>)> = BTreeMap::new();
@@ -117,7 +132,10 @@ fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[
                 ("TLS", "Passthrough") => Some(Protocol::TlsPassthrough),
                 ("TCP", _) => Some(Protocol::Tcp),
                 ("HTTPS", _) | ("TLS", _) => {
-                    state.refused = Some(("UnsupportedValue", format!("protocol {} with TLS mode {mode} is not supported", listener.protocol)));
+                    state.refused = Some((
+                        "UnsupportedValue",
+                        format!("protocol {} with TLS mode {mode} is not supported", listener.protocol),
+                    ));
                     None
                 }
                 (other, _) => {
@@ -125,8 +143,9 @@ fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[
                     None
                 }
             };
-            if !plain(&state.id) {
-                state.refused = Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
+            if !(plain(&meta.namespace) && plain(&meta.name) && plain(&listener.name)) {
+                state.refused =
+                    Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
             }
             if state.port == 0 || settings.reserved_ports.contains(&state.port) {
                 state.refused = Some((
@@ -152,7 +171,10 @@ fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[
                             _ => {
                                 state.unresolved = Some((
                                     "InvalidRouteKinds",
-                                    format!("route kind {} is not supported on a {} listener", kind.kind, listener.protocol),
+                                    format!(
+                                        "route kind {} is not supported on a {} listener",
+                                        kind.kind, listener.protocol
+                                    ),
                                 ));
                             }
                         }
@@ -167,12 +189,28 @@ fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[
                         } else if namespace != meta.namespace
                             && !granted(inputs, "Gateway", &meta.namespace, "Secret", &namespace, &reference.name)
                         {
-                            Some(("RefNotPermitted", format!("no ReferenceGrant lets this Gateway use Secret {namespace}/{}", reference.name)))
+                            Some((
+                                "RefNotPermitted",
+                                format!(
+                                    "no ReferenceGrant lets this Gateway use Secret {namespace}/{}",
+                                    reference.name
+                                ),
+                            ))
                         } else {
                             match inputs.secrets.get(&(namespace.clone(), reference.name.clone())) {
-                                Some(secret) if secret.data.contains_key("tls.crt") && secret.data.contains_key("tls.key") => None,
-                                Some(_) => Some(("InvalidCertificateRef", format!("Secret {namespace}/{} holds no certificate and key", reference.name))),
-                                None => Some(("InvalidCertificateRef", format!("Secret {namespace}/{} does not exist", reference.name))),
+                                Some(secret)
+                                    if secret.data.contains_key("tls.crt") && secret.data.contains_key("tls.key") =>
+                                {
+                                    None
+                                }
+                                Some(_) => Some((
+                                    "InvalidCertificateRef",
+                                    format!("Secret {namespace}/{} holds no certificate and key", reference.name),
+                                )),
+                                None => Some((
+                                    "InvalidCertificateRef",
+                                    format!("Secret {namespace}/{} does not exist", reference.name),
+                                )),
                             }
                         };
                         match problem {
@@ -191,10 +229,14 @@ fn judge_listeners<'a>(settings: &GatewaySettings, inputs: &Inputs, gateways: &[
             {
                 match ports.get_mut(&state.port) {
                     Some((taken, _)) if *taken != protocol => {
-                        state.conflict = Some(("ProtocolConflict", format!("port {} serves another protocol", state.port)));
+                        state.conflict =
+                            Some(("ProtocolConflict", format!("port {} serves another protocol", state.port)));
                     }
                     Some((_, hosts)) if protocol == Protocol::Tcp || hosts.contains(&state.hostname) => {
-                        state.conflict = Some(("HostnameConflict", format!("another listener on port {} serves this hostname", state.port)));
+                        state.conflict = Some((
+                            "HostnameConflict",
+                            format!("another listener on port {} serves this hostname", state.port),
+                        ));
                     }
                     Some((_, hosts)) => hosts.push(state.hostname.clone()),
                     None => {
@@ -220,7 +262,9 @@ fn resolve(inputs: &Inputs, route_kind: &str, route_namespace: &str, backend: &B
         return Resolved::Invalid("InvalidKind", format!("backend {} is a {kind}, not a Service", backend.name));
     }
     let namespace = backend.namespace.clone().unwrap_or_else(|| route_namespace.to_owned());
-    if namespace != route_namespace && !granted(inputs, route_kind, route_namespace, "Service", &namespace, &backend.name) {
+    if namespace != route_namespace
+        && !granted(inputs, route_kind, route_namespace, "Service", &namespace, &backend.name)
+    {
         return Resolved::Invalid(
             "RefNotPermitted",
             format!("no ReferenceGrant in {namespace} lets this route use Service {namespace}/{}", backend.name),
@@ -233,7 +277,10 @@ fn resolve(inputs: &Inputs, route_kind: &str, route_namespace: &str, backend: &B
         return Resolved::Invalid("BackendNotFound", format!("backend {} names no port", backend.name));
     };
     let Some(service_port) = service.spec.ports.iter().find(|p| p.port == i64::from(port)) else {
-        return Resolved::Invalid("BackendNotFound", format!("Service {namespace}/{} has no port {port}", backend.name));
+        return Resolved::Invalid(
+            "BackendNotFound",
+            format!("Service {namespace}/{} has no port {port}", backend.name),
+        );
     };
     if !plain(&namespace) || !plain(&backend.name) {
         return Resolved::Invalid("BackendNotFound", "the Service's name cannot name a backend".into());
@@ -335,7 +382,9 @@ fn http_match(m: &RouteMatch) -> Result<Match, String> {
     }
     let method = match &m.method {
         None => None,
-        Some(serde_json::Value::String(method)) if method.bytes().all(|b| b.is_ascii_uppercase()) => Some(method.clone()),
+        Some(serde_json::Value::String(method)) if method.bytes().all(|b| b.is_ascii_uppercase()) => {
+            Some(method.clone())
+        }
         Some(_) => return Err("the method cannot be matched".into()),
     };
     let headers = value_conditions(&m.headers)?;
@@ -353,7 +402,9 @@ fn grpc_match(m: &RouteMatch) -> Result<Match, String> {
     let field = |name: &str| method.get(name).and_then(|v| v.as_str()).map(str::to_owned);
     let (service, name) = (field("service"), field("method"));
     let kind = field("type").unwrap_or_else(|| "Exact".into());
-    let word = |text: &Option<String>| text.as_ref().is_none_or(|t| t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_'));
+    let word = |text: &Option<String>| {
+        text.as_ref().is_none_or(|t| t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_'))
+    };
     let (path_kind, path) = match (kind.as_str(), &service, &name) {
         ("Exact", Some(s), Some(n)) if word(&service) && word(&name) => ("exact", format!("/{s}/{n}")),
         ("Exact", Some(s), None) if word(&service) => ("prefix", format!("/{s}")),
@@ -373,14 +424,19 @@ fn grpc_match(m: &RouteMatch) -> Result<Match, String> {
 }
 
 /// The spec's precedence as one number: host, then path kind and length, then method, headers
-/// and query parameters. Higher wins.
+/// and query parameters. Higher wins. The spec leaves regular expressions' place to each
+/// implementation: here one ranks as a prefix as long as the expression, so `/re/[0-9]+`
+/// beats `/` and `/re`, and a longer literal prefix beats it.
 fn rank(host: Option<&str>, m: &Match) -> u64 {
     let path_type = match m.path_kind {
         "exact" => 2,
-        "prefix" => 1,
-        _ => 0,
+        _ => 1,
     };
-    let path_length = if m.path_kind == "regex" { 0 } else { m.path.trim_end_matches('/').len().min(2047) as u64 };
+    let path_length = match m.path_kind {
+        "prefix" => m.path.trim_end_matches('/').len(),
+        _ => m.path.len(),
+    }
+    .min(2047) as u64;
     let host = hostnames::specificity(host).min(2047);
     ((((host * 4 + path_type) * 2048 + path_length) * 2 + u64::from(m.method.is_some())) * 32
         + (m.headers.len().min(31) as u64))
@@ -434,7 +490,12 @@ fn rule_target(
 ) -> Result<RuleTarget, String> {
     let meta = &ctx.route.metadata;
     let tcp = matches!(ctx.kind, TLS_ROUTE | TCP_ROUTE);
-    let mut own = RuleBackend { name: name.clone(), mode: if tcp { "tcp" } else { "http" }, h2: ctx.kind == GRPC_ROUTE, ..RuleBackend::default() };
+    let mut own = RuleBackend {
+        name: name.clone(),
+        mode: if tcp { "tcp" } else { "http" },
+        h2: ctx.kind == GRPC_ROUTE,
+        ..RuleBackend::default()
+    };
     let mut needs_own = tcp || ctx.kind == GRPC_ROUTE;
     for filter in &rule.filters {
         needs_own = true;
@@ -515,7 +576,11 @@ fn rule_target(
                     needs_own = true;
                 }
                 if weight > 0 {
-                    valid.push(WeightedRef { namespace, service: ServiceRef { name, port: PortNumber { number: port } }, weight });
+                    valid.push(WeightedRef {
+                        namespace,
+                        service: ServiceRef { name, port: PortNumber { number: port } },
+                        weight,
+                    });
                 }
             }
             Resolved::Invalid(reason, message) => {
@@ -552,11 +617,18 @@ fn header_changes(modifier: &resources::HeaderModifier) -> Result<HeaderChanges,
         }
         Ok((h.name.clone(), h.value.clone()))
     };
-    let remove = modifier
-        .remove
-        .iter()
-        .map(|name| if valid_header_name(name) { Ok(name.clone()) } else { Err(format!("header {name:?} cannot be removed")) })
-        .collect::<Result<_, _>>()?;
+    let remove =
+        modifier
+            .remove
+            .iter()
+            .map(|name| {
+                if valid_header_name(name) {
+                    Ok(name.clone())
+                } else {
+                    Err(format!("header {name:?} cannot be removed"))
+                }
+            })
+            .collect::<Result<_, _>>()?;
     Ok(HeaderChanges {
         set: modifier.set.iter().map(pair).collect::<Result<_, _>>()?,
         add: modifier.add.iter().map(pair).collect::<Result<_, _>>()?,
@@ -571,7 +643,13 @@ fn path_rewrite(modifier: &resources::PathModifier, matches: &[Match]) -> Result
             if !valid_path(&path) {
                 return Err("the replacement path cannot be written".into());
             }
-            Ok(PathRewrite { kind: "full", value: path, pattern: String::new(), replacement: String::new(), whole: None })
+            Ok(PathRewrite {
+                kind: "full",
+                value: path,
+                pattern: String::new(),
+                replacement: String::new(),
+                whole: None,
+            })
         }
         "ReplacePrefixMatch" => {
             let replacement = modifier.replace_prefix_match.clone().unwrap_or_else(|| "/".into());
@@ -609,6 +687,10 @@ fn path_rewrite(modifier: &resources::PathModifier, matches: &[Match]) -> Result
     }
 }
 
+/// A conditional rule with what orders it: rank (highest first), then the route's age order,
+/// the rule's and the match's index.
+type RankedRule = (u64, usize, usize, usize, ConditionalRule);
+
 /// One route being attached.
 struct Attachment {
     listener: usize,
@@ -636,8 +718,11 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     let mut gateways: Vec<&Gateway> =
         inputs.gateways.iter().filter(|g| classes.contains(g.spec.gateway_class_name.as_str())).collect();
     gateways.sort_by(|a, b| {
-        (&a.metadata.creation_timestamp, &a.metadata.namespace, &a.metadata.name)
-            .cmp(&(&b.metadata.creation_timestamp, &b.metadata.namespace, &b.metadata.name))
+        (&a.metadata.creation_timestamp, &a.metadata.namespace, &a.metadata.name).cmp(&(
+            &b.metadata.creation_timestamp,
+            &b.metadata.namespace,
+            &b.metadata.name,
+        ))
     });
     let mut listeners = judge_listeners(settings, inputs, &gateways);
 
@@ -685,7 +770,11 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     }
     routes.sort_by(|a, b| {
         let key = |r: &RouteContext<'_>| {
-            (r.route.metadata.creation_timestamp.clone(), r.route.metadata.namespace.clone(), r.route.metadata.name.clone())
+            (
+                r.route.metadata.creation_timestamp.clone(),
+                r.route.metadata.namespace.clone(),
+                r.route.metadata.name.clone(),
+            )
         };
         key(a).cmp(&key(b))
     });
@@ -695,7 +784,7 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
 
     let mut exact: BTreeMap<u16, BTreeMap<String, String>> = BTreeMap::new();
     let mut prefix: BTreeMap<u16, BTreeMap<String, String>> = BTreeMap::new();
-    let mut conditional: BTreeMap<u16, Vec<(u64, usize, usize, usize, ConditionalRule)>> = BTreeMap::new();
+    let mut conditional: BTreeMap<u16, Vec<RankedRule>> = BTreeMap::new();
     let mut shared: BTreeSet<ServiceTarget> = BTreeSet::new();
     let mut own: BTreeMap<String, RuleBackend> = BTreeMap::new();
     let mut uses_invalid = false;
@@ -705,7 +794,9 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
         let mut parents = Vec::new();
         let mut attachments: Vec<Attachment> = Vec::new();
         for parent in &ctx.route.spec.parent_refs {
-            if parent.group.as_deref().is_some_and(|g| g != GROUP) || parent.kind.as_deref().is_some_and(|k| k != "Gateway") {
+            if parent.group.as_deref().is_some_and(|g| g != GROUP)
+                || parent.kind.as_deref().is_some_and(|k| k != "Gateway")
+            {
                 continue;
             }
             let namespace = parent.namespace.clone().unwrap_or_else(|| meta.namespace.clone());
@@ -714,7 +805,8 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
             else {
                 continue;
             };
-            let (accepted, reason) = attach(inputs, ctx, gateways[gateway], gateway, parent, &listeners, &mut attachments);
+            let (accepted, reason) =
+                attach(inputs, ctx, gateways[gateway], gateway, parent, &listeners, &mut attachments);
             let condition = if accepted {
                 Condition::yes("Accepted", "Accepted", "attached")
             } else {
@@ -771,7 +863,11 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
                         }
                         for host in &attachment.hosts {
                             let key = format!("{}|{}", listener.id, host.as_deref().unwrap_or(""));
-                            exact.entry(port).or_default().entry(key).or_insert_with(|| format!("0:{}", target.backend));
+                            exact
+                                .entry(port)
+                                .or_default()
+                                .entry(key)
+                                .or_insert_with(|| format!("0:{}", target.backend));
                         }
                     }
                     _ => {
@@ -839,29 +935,24 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     }
 
     for (port, frontend) in &mut frontends {
-        frontend.exact_entries = exact
-            .remove(port)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, value)| MapEntry { key, value })
-            .collect();
-        frontend.prefix_entries = prefix
-            .remove(port)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, value)| MapEntry { key, value })
-            .collect();
+        frontend.exact_entries =
+            exact.remove(port).unwrap_or_default().into_iter().map(|(key, value)| MapEntry { key, value }).collect();
+        frontend.prefix_entries =
+            prefix.remove(port).unwrap_or_default().into_iter().map(|(key, value)| MapEntry { key, value }).collect();
         let mut rules = conditional.remove(port).unwrap_or_default();
         rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
         frontend.conditional = rules.into_iter().map(|(.., rule)| rule).collect();
     }
     if uses_invalid {
-        own.insert(INVALID_BACKEND.into(), RuleBackend {
-            name: INVALID_BACKEND.into(),
-            mode: "http",
-            fixed_status: Some(500),
-            ..RuleBackend::default()
-        });
+        own.insert(
+            INVALID_BACKEND.into(),
+            RuleBackend {
+                name: INVALID_BACKEND.into(),
+                mode: "http",
+                fixed_status: Some(500),
+                ..RuleBackend::default()
+            },
+        );
     }
     model.frontends = frontends.into_values().collect();
     model.service_backends = shared.into_iter().collect();
@@ -958,7 +1049,8 @@ fn attach(
             continue;
         }
         if !listener.kinds.contains(&ctx.kind) {
-            reason = ("NotAllowedByListeners", format!("listener {} does not take {}s", listener.listener.name, ctx.kind));
+            reason =
+                ("NotAllowedByListeners", format!("listener {} does not take {}s", listener.listener.name, ctx.kind));
             continue;
         }
         let from = listener
@@ -972,7 +1064,12 @@ fn attach(
             "All" => true,
             "Same" => meta.namespace == gateway.metadata.namespace,
             "Selector" => {
-                let selector = listener.listener.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref()).and_then(|n| n.selector.as_ref());
+                let selector = listener
+                    .listener
+                    .allowed_routes
+                    .as_ref()
+                    .and_then(|a| a.namespaces.as_ref())
+                    .and_then(|n| n.selector.as_ref());
                 let labels = inputs.namespaces.get(&meta.namespace);
                 match (selector, labels) {
                     (Some(selector), Some(labels)) => selector.matches(labels),
@@ -982,7 +1079,10 @@ fn attach(
             _ => false,
         };
         if !allowed {
-            reason = ("NotAllowedByListeners", format!("listener {} does not take routes from namespace {}", listener.listener.name, meta.namespace));
+            reason = (
+                "NotAllowedByListeners",
+                format!("listener {} does not take routes from namespace {}", listener.listener.name, meta.namespace),
+            );
             continue;
         }
         let hosts = if ctx.kind == TCP_ROUTE {

@@ -94,9 +94,9 @@ fn conditions_json(conditions: &[Condition], generation: i64, previous: Option<&
         .iter()
         .map(|c| {
             let status = if c.status { "True" } else { "False" };
-            let before = previous.and_then(Json::as_array).and_then(|list| {
-                list.iter().find(|p| p.get("type").and_then(Json::as_str) == Some(c.kind))
-            });
+            let before = previous
+                .and_then(Json::as_array)
+                .and_then(|list| list.iter().find(|p| p.get("type").and_then(Json::as_str) == Some(c.kind)));
             let time = before
                 .filter(|p| p.get("status").and_then(Json::as_str) == Some(status))
                 .and_then(|p| p.get("lastTransitionTime").cloned())
@@ -151,13 +151,13 @@ impl ObjectStatus {
                 })
             }
             Body::Route(parents) => {
-                let previous: Vec<Json> =
-                    current.get("parents").and_then(Json::as_array).cloned().unwrap_or_default();
+                let previous: Vec<Json> = current.get("parents").and_then(Json::as_array).cloned().unwrap_or_default();
                 let ours = |p: &Json| p.get("controllerName").and_then(Json::as_str) == Some(controller_name);
                 let mut out: Vec<Json> = previous.iter().filter(|p| !ours(p)).cloned().collect();
                 for parent in parents {
                     let reference = serde_json::to_value(&parent.parent_ref).unwrap_or_default();
-                    let before = previous.iter().find(|p| ours(p) && same_parent(p.get("parentRef"), &parent.parent_ref));
+                    let before =
+                        previous.iter().find(|p| ours(p) && same_parent(p.get("parentRef"), &parent.parent_ref));
                     out.push(json!({
                         "parentRef": reference,
                         "controllerName": controller_name,

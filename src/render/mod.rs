@@ -214,7 +214,11 @@ impl Renderer {
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
         env.add_function(
             "server_slots",
-            |state: &minijinja::State, backend: &str, endpoints: Value, block: Option<usize>, weighted: Option<bool>| {
+            |state: &minijinja::State,
+             backend: &str,
+             endpoints: Value,
+             block: Option<usize>,
+             weighted: Option<bool>| {
                 let shared = state.lookup("shared").ok_or_else(|| {
                     minijinja::Error::new(
                         minijinja::ErrorKind::InvalidOperation,

@@ -93,12 +93,23 @@ pub struct ResourceStore {
     index: HashMap<Vec<String>, BTreeMap<ObjectKey, Arc<StoredObject>>>,
 }
 
-/// Metadata that changes without the object changing for templates.
-const NOISE_METADATA: &[&str] = &["managedFields", "resourceVersion", "selfLink", "generation"];
+/// Metadata that changes without the object changing for templates. (`generation` is kept: it
+/// changes only with the spec, and the Gateway API's status conditions must observe it.)
+const NOISE_METADATA: &[&str] = &["managedFields", "resourceVersion", "selfLink"];
 const NOISE_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
 
-/// Removes fields that change on every write but mean nothing to templates.
+/// Kinds of the Gateway API, whose status haptic writes (and so does not store).
+const GATEWAY_API_KINDS: &[&str] =
+    &["GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "ReferenceGrant"];
+
+/// Removes fields that change on every write but mean nothing to templates. The status of
+/// Gateway API objects goes too: haptic writes it, and its own writes must not call for renders.
 pub fn strip_noise(object: &mut Json) {
+    if object.get("apiVersion").and_then(Json::as_str).is_some_and(|v| v.starts_with("gateway.networking.k8s.io/"))
+        && let Some(map) = object.as_object_mut()
+    {
+        map.remove("status");
+    }
     let Some(metadata) = object.get_mut("metadata").and_then(Json::as_object_mut) else { return };
     for field in NOISE_METADATA {
         metadata.remove(*field);
@@ -167,6 +178,12 @@ impl ResourceStore {
 
     fn prepare(&self, mut object: Json) -> Result<StoredObject, StoreError> {
         strip_noise(&mut object);
+        // Objects listed in a watch may not say their apiVersion: the kind decides too.
+        if GATEWAY_API_KINDS.contains(&self.kind.as_str())
+            && let Some(map) = object.as_object_mut()
+        {
+            map.remove("status");
+        }
         let key = object_key(&object).ok_or_else(|| StoreError::Nameless { kind: self.kind.clone() })?;
         // serde_json keeps object keys sorted, so equal content serialises to equal bytes.
         let content = Checksum::of(&serde_json::to_vec(&object).unwrap_or_default());

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Small HTTP backends that answer with their own name, so a test can tell which one served it.
 
-Usage: backend.py NAME=IP:PORT [NAME=IP:PORT ...]   (one process serves them all)
+Usage: backend.py NAME=IP:PORT[=CERT.pem] ...   (one process serves them all; with a PEM file
+holding a certificate and its key, that backend serves HTTPS with it)
 
-  GET /anything      -> 200 "backend=NAME path=/anything host=HOST", header X-Backend: NAME
+  GET /anything      -> 200 "backend=NAME path=/anything host=HOST", header X-Backend: NAME,
+                        then one line "header NAME: VALUE" per request header (any method)
   GET /stream?seconds=N -> a chunked answer with one line every 200 ms for N seconds
                            (a long-lived connection that must survive runtime changes)
   GET /slow?seconds=N   -> waits N seconds, then answers as /anything (for server timeouts)
 """
 
+import ssl
 import sys
 import threading
 import time
@@ -27,13 +30,19 @@ def handler_for(name: str):
                 return self.stream(float(parse_qs(url.query).get("seconds", ["10"])[0]))
             if url.path == "/slow":
                 time.sleep(float(parse_qs(url.query).get("seconds", ["1"])[0]))
-            body = f"backend={name} path={url.path} host={self.headers.get('Host', '')}\n".encode()
+            lines = [f"backend={name} path={url.path} host={self.headers.get('Host', '')}"]
+            lines += [f"header {key.lower()}: {value}" for key, value in self.headers.items()]
+            body = ("\n".join(lines) + "\n").encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("X-Backend", name)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        do_POST = do_GET  # noqa: N815 - the stdlib's naming
+        do_PUT = do_GET  # noqa: N815
+        do_DELETE = do_GET  # noqa: N815
 
         def stream(self, seconds: float):
             self.send_response(200)
@@ -61,8 +70,13 @@ def main() -> int:
     servers = []
     for spec in sys.argv[1:]:
         name, address = spec.split("=", 1)
+        address, _, certificate = address.partition("=")
         host, port = address.rsplit(":", 1)
         server = ThreadingHTTPServer((host, int(port)), handler_for(name))
+        if certificate:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certificate)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         server.daemon_threads = True
         servers.append(server)
         print(f"{name} listening on {host}:{port}", flush=True)

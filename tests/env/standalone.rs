@@ -94,7 +94,16 @@ pub fn install_render(
     std::fs::create_dir_all(dir.join("general"))?;
     std::fs::create_dir_all(dir.join("certs"))?;
     let crt_list = std::fs::read_to_string(controller.render_dir.join("files/crt-list.txt")).unwrap_or_default();
-    for path in crt_list.lines().filter_map(|line| line.split_whitespace().next()) {
+    let config = std::fs::read_to_string(controller.render_dir.join("haproxy.cfg")).unwrap_or_default();
+    // Certificates a crt-list names, and those bind lines name with `crt` (Gateway listeners).
+    let mut paths: Vec<&str> = crt_list.lines().filter_map(|line| line.split_whitespace().next()).collect();
+    for line in config.lines().filter(|line| line.trim_start().starts_with("bind ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        paths.extend(words.windows(2).filter(|pair| pair[0] == "crt").map(|pair| pair[1]));
+    }
+    paths.sort_unstable();
+    paths.dedup();
+    for path in paths {
         let file =
             Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
         let (secret, pem) = pems
@@ -121,11 +130,16 @@ pub fn install_render(
 /// (inside its network namespace), answering with their names.
 pub fn start_backends(dir: &Path, address: &str, specs: &[(String, u16)]) -> Result<Process> {
     let specs: Vec<String> = specs.iter().map(|(name, port)| format!("{name}={address}:{port}")).collect();
+    start_backend_specs(dir, &specs)
+}
+
+/// Starts backends from `backend.py` specs (`name=address:port[=cert.pem]`) on the backend host.
+pub fn start_backend_specs(dir: &Path, specs: &[String]) -> Result<Process> {
     let host = &super::environment().backend_host;
     let child = Command::new("ip")
         .args(["netns", "exec", &host.namespace, "python3"])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/backend.py"))
-        .args(&specs)
+        .args(specs)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("backends.log"))?)
         .spawn()
@@ -188,14 +202,27 @@ pub async fn apply_library_config(
     frontend: &str,
     dir: &Path,
 ) -> Result<()> {
+    apply_library_config_with(client, namespace, release, frontend, dir, &[]).await
+}
+
+/// [`apply_library_config`] with more chart values (`key`, `value`), set after the others.
+pub async fn apply_library_config_with(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    frontend: &str,
+    dir: &Path,
+    values: &[(&str, String)],
+) -> Result<()> {
     let path = |name: &str| dir.join(name).display().to_string();
-    let placement = [
+    let mut placement = vec![
         ("haproxy.bindAddress", frontend.to_owned()),
         ("haproxy.paths.maps", path("maps")),
         ("haproxy.paths.general", path("general")),
         ("haproxy.paths.certs", path("certs")),
         ("haproxy.paths.runtimeSocket", path("runtime.sock")),
     ];
+    placement.extend(values.iter().cloned());
     apply_chart_config(client, namespace, release, &placement, None).await
 }
 

@@ -1,0 +1,894 @@
+//! The chart's Gateway API library, case by case, with real requests through a real HAProxy:
+//! real Gateway API objects (the CRDs of sigs.k8s.io/gateway-api v1.6.3, installed by the
+//! environment) on the real API server, the real controller rendering the chart's configuration
+//! and writing their status, and HAProxy 2.8 running exactly the rendered files.
+//!
+//! The cases follow the Gateway API conformance suite's HTTPRoute, TLSRoute and TCPRoute tests
+//! that need no kubelet. The files reach this test's own HAProxy by copy and master-CLI reload
+//! (as in tests/library.rs); deployment through the Dataplane API, and which Gateway API
+//! changes reload, are tests/gateway_deploy.rs. The table printed is the one in
+//! docs/gateway-api.md.
+
+mod env;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use env::chart::haproxy_binaries;
+use env::controller::{ControllerProcess, Launch};
+use env::standalone::{
+    Haproxy, apply_library_config_with, backend_host_address, install_render, service_with_endpoints,
+    start_backend_specs,
+};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::{Value as Json, json};
+
+const FRONTEND: &str = "127.1.3.2";
+const BACKEND_BASE_PORT: u16 = 18200;
+const GROUP: &str = "gateway.networking.k8s.io";
+/// Listener ports (the chart keeps 8080, 8443 and 8404 for Ingress and health).
+const HTTP: u16 = 18080;
+const HTTP_ALL: u16 = 18081;
+const HTTP_SELECTOR: u16 = 18082;
+const HTTPS: u16 = 18443;
+const PASSTHROUGH: u16 = 18444;
+const TCP: u16 = 18500;
+
+fn resource(kind: &str) -> ApiResource {
+    let lower = kind.to_ascii_lowercase();
+    let plural = if lower.ends_with('s') { format!("{lower}es") } else { format!("{lower}s") };
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1", kind), &plural)
+}
+
+fn api(client: &kube::Client, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
+    match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource(kind)),
+        None => Api::all_with(client.clone(), &resource(kind)),
+    }
+}
+
+async fn create(client: &kube::Client, kind: &str, namespace: Option<&str>, mut object: Json) -> Result<()> {
+    object["apiVersion"] = json!(format!("{GROUP}/v1"));
+    object["kind"] = json!(kind);
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let dynamic: DynamicObject = serde_json::from_value(object)?;
+    api(client, kind, namespace)
+        .create(&PostParams::default(), &dynamic)
+        .await
+        .with_context(|| format!("creating {kind} {name}"))?;
+    Ok(())
+}
+
+fn route(name: &str, parent: Json, hostnames: &[&str], rules: Json) -> Json {
+    json!({"metadata": {"name": name}, "spec": {"parentRefs": [parent], "hostnames": hostnames, "rules": rules}})
+}
+
+fn to(service: &str) -> Json {
+    json!([{"name": service, "port": 80}])
+}
+
+fn prefix(path: &str) -> Json {
+    json!({"path": {"type": "PathPrefix", "value": path}})
+}
+
+/// One answer: status, which backend (`X-Backend`), Location, the body, one response header.
+#[derive(Debug, Default)]
+struct Answer {
+    status: u16,
+    backend: String,
+    location: String,
+    body: String,
+    headers: BTreeMap<String, String>,
+}
+
+async fn request(
+    http: &reqwest::Client,
+    method: &str,
+    port: u16,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Answer> {
+    let mut builder = http.request(method.parse()?, format!("http://{FRONTEND}:{port}{path}")).header("Host", host);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let response = builder.send().await?;
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let (status, backend, location) = (response.status().as_u16(), header("x-backend"), header("location"));
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+        .collect();
+    Ok(Answer { status, backend, location, body: response.text().await?, headers })
+}
+
+fn outcome(answer: &Answer) -> String {
+    match answer.status {
+        200 => format!("200 {}", answer.backend),
+        301..=308 => format!("{} {}", answer.status, answer.location),
+        status => format!("{status}"),
+    }
+}
+
+/// A line of the backend's answer: `path=...`, `host=...` or `header <name>: ...`.
+fn seen(answer: &Answer, what: &str) -> String {
+    let first = answer.body.lines().next().unwrap_or_default();
+    match what {
+        "path" | "host" => first
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix(&format!("{what}=")))
+            .unwrap_or("(none)")
+            .to_owned(),
+        header => answer
+            .body
+            .lines()
+            .filter_map(|line| line.strip_prefix(&format!("header {header}: ")))
+            .collect::<Vec<_>>()
+            .join(",")
+            .chars()
+            .take(80)
+            .collect::<String>(),
+    }
+}
+
+/// A request case: name, method, port, host, path, headers, expected outcome.
+type Case =
+    (&'static str, &'static str, u16, &'static str, &'static str, Vec<(&'static str, &'static str)>, &'static str);
+
+/// A conformance row.
+struct Row {
+    case: String,
+    request: String,
+    expected: String,
+    got: String,
+}
+
+struct Table {
+    rows: Vec<Row>,
+}
+
+impl Table {
+    fn push(&mut self, case: &str, request: impl Into<String>, expected: impl Into<String>, got: impl Into<String>) {
+        self.rows.push(Row { case: case.into(), request: request.into(), expected: expected.into(), got: got.into() });
+    }
+}
+
+/// An HTTPS request with curl (`--resolve`, so SNI and Host are the name): status and backend.
+fn curl_https(host: &str, port: u16, path: &str) -> Result<String> {
+    let output = Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code} %header{x-backend}", "--resolve"])
+        .arg(format!("{host}:{port}:{FRONTEND}"))
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .context("running curl")?;
+    Ok(String::from_utf8(output.stdout)?.trim().to_owned())
+}
+
+/// The subject of the certificate served on `port` for an SNI name.
+fn served_subject(port: u16, server_name: &str) -> Result<String> {
+    let script = format!(
+        "openssl s_client -connect {FRONTEND}:{port} -servername {server_name} </dev/null 2>/dev/null | openssl x509 -noout -subject"
+    );
+    let output = Command::new("sh").arg("-c").arg(script).output()?;
+    Ok(String::from_utf8(output.stdout)?.trim().trim_start_matches("subject=").to_owned())
+}
+
+/// `type=status reason` of a condition in a list of conditions.
+fn condition(conditions: &Json, kind: &str) -> String {
+    conditions
+        .as_array()
+        .and_then(|list| list.iter().find(|c| c["type"] == kind))
+        .map(|c| format!("{}={} {}", kind, c["status"].as_str().unwrap_or("?"), c["reason"].as_str().unwrap_or("?")))
+        .unwrap_or_else(|| format!("{kind} missing"))
+}
+
+async fn status_of(client: &kube::Client, kind: &str, namespace: Option<&str>, name: &str) -> Result<Json> {
+    Ok(api(client, kind, namespace).get(name).await?.data.get("status").cloned().unwrap_or_default())
+}
+
+#[tokio::test]
+async fn the_gateway_api_library_serves_the_conformance_cases_through_real_haproxy() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    env::chart::apply_chart_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "gateway").await?;
+    let other = format!("{namespace}-other");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": other, "labels": {"haptic-test": "allowed"}}}))?,
+        )
+        .await?;
+    let address = backend_host_address()?;
+    let work = tempfile::tempdir()?;
+    let dir = work.path().to_owned();
+
+    // Backends: svc-0..5 here, svc-x and svc-granted in the other namespace, and svc-tls, which
+    // serves HTTPS with its own certificate (for passthrough).
+    let (tls_certificate, tls_key) = env::fixtures::self_signed(&dir, "pass.example.com", &["rsa:2048"])?;
+    let tls_pem = dir.join("pass.pem");
+    std::fs::write(&tls_pem, format!("{tls_certificate}{tls_key}"))?;
+    let mut specs = Vec::new();
+    let mut services = Vec::new();
+    let names = (0..6).map(|i| (namespace.clone(), format!("svc-{i}"))).chain([
+        (other.clone(), "svc-x".to_owned()),
+        (other.clone(), "svc-granted".to_owned()),
+        (namespace.clone(), "svc-tls".to_owned()),
+    ]);
+    for (port, (ns, name)) in (BACKEND_BASE_PORT..).zip(names) {
+        let suffix = if name == "svc-tls" { format!("={}", tls_pem.display()) } else { String::new() };
+        specs.push(format!("{name}={address}:{port}{suffix}"));
+        services.push((ns, name, port));
+    }
+    let _backends = start_backend_specs(&dir, &specs)?;
+    for (ns, name, port) in &services {
+        service_with_endpoints(&client, ns, name, &address, *port).await?;
+    }
+
+    // The configuration: the chart's, with the Gateway API on for this test's controller name.
+    let controller_name = format!("haptic.dev/{namespace}");
+    let both = format!("{{{namespace},{other}}}");
+    apply_library_config_with(
+        &client,
+        &namespace,
+        "gateway",
+        FRONTEND,
+        &dir,
+        &[
+            ("gatewayAPI.enabled", "true".into()),
+            ("gatewayAPI.controllerName", controller_name.clone()),
+            ("gatewayAPI.gatewayClass.create", "false".into()),
+            ("gatewayAPI.addresses", "{192.0.2.10}".into()),
+            ("gatewayAPI.namespaces", both.clone()),
+            ("config.watchedResources.services.namespaces", both.clone()),
+            ("config.watchedResources.endpoints.namespaces", both),
+        ],
+    )
+    .await?;
+
+    // Certificates: the chart's default one and the HTTPS listener's.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut pems = BTreeMap::new();
+    for (secret, subject) in [("gateway-haptic-default-cert", "haptic-default"), ("secure-tls", "secure.example.com")] {
+        let (certificate, key) = env::fixtures::self_signed(&dir, subject, &["rsa:2048"])?;
+        pems.insert(secret.to_owned(), format!("{certificate}{key}"));
+        let object = serde_json::from_value(json!({
+            "metadata": {"name": secret}, "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": certificate, "tls.key": key}
+        }))?;
+        secrets.create(&PostParams::default(), &object).await?;
+    }
+
+    // The class, the Gateways and their listeners.
+    let class = format!("haptic-{namespace}");
+    create(
+        &client,
+        "GatewayClass",
+        None,
+        json!({"metadata": {"name": class}, "spec": {"controllerName": controller_name}}),
+    )
+    .await?;
+    let ns = Some(namespace.as_str());
+    let listener = |name: &str, port: u16, protocol: &str, extra: Json| {
+        let mut l = json!({"name": name, "port": port, "protocol": protocol});
+        if let (Some(l), Some(extra)) = (l.as_object_mut(), extra.as_object()) {
+            l.extend(extra.clone());
+        }
+        l
+    };
+    create(
+        &client,
+        "Gateway",
+        ns,
+        json!({"metadata": {"name": "main"}, "spec": {"gatewayClassName": class, "listeners": [
+            listener("http", HTTP, "HTTP", json!({})),
+            listener("foo", HTTP, "HTTP", json!({"hostname": "foo.example.com"})),
+            listener("wild", HTTP, "HTTP", json!({"hostname": "*.wild.example.com"})),
+            listener("all", HTTP_ALL, "HTTP", json!({"allowedRoutes": {"namespaces": {"from": "All"}}})),
+            listener("selected", HTTP_SELECTOR, "HTTP", json!({"allowedRoutes": {"namespaces": {"from": "Selector",
+                "selector": {"matchLabels": {"haptic-test": "allowed"}}}}})),
+            listener("https", HTTPS, "HTTPS", json!({"hostname": "secure.example.com",
+                "tls": {"mode": "Terminate", "certificateRefs": [{"name": "secure-tls"}]}})),
+            listener("https-bad", 18445, "HTTPS", json!({"tls": {"certificateRefs": [{"name": "no-such-secret"}]}})),
+            listener("passthrough", PASSTHROUGH, "TLS", json!({"tls": {"mode": "Passthrough"}})),
+            listener("tcp", TCP, "TCP", json!({})),
+            listener("udp", 18600, "UDP", json!({})),
+            listener("reserved", 8080, "HTTP", json!({})),
+            listener("grpc-only", 18083, "HTTP", json!({"allowedRoutes": {"kinds": [{"kind": "GRPCRoute"}]}})),
+            listener("bad-kinds", 18084, "HTTP", json!({"allowedRoutes": {"kinds": [{"kind": "TCPRoute"}]}})),
+        ]}}),
+    )
+    .await?;
+    create(
+        &client,
+        "Gateway",
+        ns,
+        json!({"metadata": {"name": "second"}, "spec": {"gatewayClassName": class, "listeners": [
+            listener("same-port", HTTP, "HTTP", json!({})),
+            listener("other-protocol", PASSTHROUGH, "HTTP", json!({})),
+        ]}}),
+    )
+    .await?;
+
+    // The routes.
+    let main = |section: &str| json!({"name": "main", "sectionName": section});
+    let header = |name: &str, value: &str| json!({"name": name, "value": value});
+    let routes = [
+        route(
+            "matching",
+            main("http"),
+            &["match.example.com"],
+            json!([
+                {"matches": [prefix("/")], "backendRefs": to("svc-5")},
+                {"matches": [{"path": {"type": "Exact", "value": "/exact"}}], "backendRefs": to("svc-0")},
+                {"matches": [prefix("/prefix")], "backendRefs": to("svc-1")},
+                {"matches": [prefix("/prefix/longer")], "backendRefs": to("svc-2")},
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/prefix"}, "headers": [header("x-env", "canary")]}], "backendRefs": to("svc-3")},
+                {"matches": [{"method": "POST"}], "backendRefs": to("svc-4")},
+                {"matches": [prefix("/q")], "backendRefs": to("svc-0")},
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/q"}, "queryParams": [{"name": "ver", "value": "2"}]}], "backendRefs": to("svc-3")},
+                {"matches": [{"path": {"type": "RegularExpression", "value": "/re/[0-9]+"}}], "backendRefs": to("svc-1")},
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/hre"}, "headers": [{"type": "RegularExpression", "name": "x-re", "value": "^v[0-9]$"}]}], "backendRefs": to("svc-2")},
+                {"matches": [{"headers": [header("x-a", "1"), header("x-b", "2")]}], "backendRefs": to("svc-0")},
+                {"matches": [{"headers": [header("x-a", "1")]}], "backendRefs": to("svc-1")},
+            ]),
+        ),
+        route("catchall", main("http"), &[], json!([{"matches": [prefix("/iso")], "backendRefs": to("svc-3")}])),
+        route("foo-route", main("foo"), &[], json!([{"backendRefs": to("svc-0")}])),
+        route("wild-route", main("wild"), &["a.wild.example.com", "other.com"], json!([{"backendRefs": to("svc-1")}])),
+        route("wild-any", main("wild"), &[], json!([{"backendRefs": to("svc-2")}])),
+        route("nomatch", main("foo"), &["bar.com"], json!([{"backendRefs": to("svc-0")}])),
+        route(
+            "xns-denied",
+            main("http"),
+            &["xns.example.com"],
+            json!([{"backendRefs": [{"name": "svc-x", "namespace": other, "port": 80}]}]),
+        ),
+        route(
+            "xns-granted",
+            main("http"),
+            &["xgrant.example.com"],
+            json!([{"backendRefs": [{"name": "svc-granted", "namespace": other, "port": 80}]}]),
+        ),
+        route(
+            "filters",
+            main("http"),
+            &["filters.example.com"],
+            json!([
+                {"matches": [prefix("/reqhdr")], "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                    "set": [header("x-set", "set-value")], "add": [header("x-add", "added 100%")], "remove": ["x-remove"]}}], "backendRefs": to("svc-0")},
+                {"matches": [prefix("/resphdr")], "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {
+                    "set": [header("x-resp", "yes")], "add": [header("x-resp-add", "also")], "remove": ["content-type"]}}], "backendRefs": to("svc-0")},
+                {"matches": [prefix("/redirect-https")], "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "statusCode": 301}}]},
+                {"matches": [prefix("/redirect-host")], "filters": [{"type": "RequestRedirect", "requestRedirect": {"hostname": "elsewhere.example.com"}}]},
+                {"matches": [prefix("/redirect-full")], "filters": [{"type": "RequestRedirect", "requestRedirect": {"path": {"type": "ReplaceFullPath", "replaceFullPath": "/new"}}}]},
+                {"matches": [prefix("/redirect-prefix")], "filters": [{"type": "RequestRedirect", "requestRedirect": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/p2"}}}]},
+                {"matches": [prefix("/redirect-port")], "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "port": 8443, "statusCode": 308}}]},
+                {"matches": [prefix("/rewrite-full")], "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplaceFullPath", "replaceFullPath": "/rewritten"}}}], "backendRefs": to("svc-1")},
+                {"matches": [prefix("/rewrite-prefix")], "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}], "backendRefs": to("svc-1")},
+                {"matches": [prefix("/rewrite-root")], "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}], "backendRefs": to("svc-1")},
+                {"matches": [prefix("/rewrite-host")], "filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "rewritten.example.com"}}], "backendRefs": to("svc-1")},
+                {"matches": [prefix("/slow")], "timeouts": {"backendRequest": "1s"}, "backendRefs": to("svc-2")},
+                {"matches": [prefix("/weights")], "backendRefs": [{"name": "svc-0", "port": 80, "weight": 80}, {"name": "svc-1", "port": 80, "weight": 20}]},
+                {"matches": [prefix("/zero")], "backendRefs": [{"name": "svc-0", "port": 80, "weight": 0}]},
+                {"matches": [prefix("/nobackend")]},
+            ]),
+        ),
+        route("missing", main("http"), &["missing.example.com"], json!([{"backendRefs": to("svc-nonexistent")}])),
+        route(
+            "badkind",
+            main("http"),
+            &["badkind.example.com"],
+            json!([{"backendRefs": [{"group": "", "kind": "ConfigMap", "name": "svc-0", "port": 80}]}]),
+        ),
+        route(
+            "mirror",
+            main("http"),
+            &["mirror.example.com"],
+            json!([{"filters": [{"type": "RequestMirror",
+            "requestMirror": {"backendRef": {"name": "svc-1", "port": 80}}}], "backendRefs": to("svc-0")}]),
+        ),
+        route("selector-denied", main("selected"), &[], json!([{"backendRefs": to("svc-0")}])),
+        route("grpc-only-denied", main("grpc-only"), &[], json!([{"backendRefs": to("svc-0")}])),
+        route("secure-route", main("https"), &[], json!([{"backendRefs": to("svc-4")}])),
+    ];
+    for object in routes {
+        create(&client, "HTTPRoute", ns, object).await?;
+    }
+    let elsewhere = Some(other.as_str());
+    let cross = json!({"name": "main", "namespace": namespace, "sectionName": "all"});
+    create(&client, "HTTPRoute", elsewhere, route("from-other", cross, &[], json!([{"backendRefs": to("svc-x")}])))
+        .await?;
+    let selected = json!({"name": "main", "namespace": namespace, "sectionName": "selected"});
+    create(
+        &client,
+        "HTTPRoute",
+        elsewhere,
+        route("selected", selected, &[], json!([{"backendRefs": to("svc-granted")}])),
+    )
+    .await?;
+    create(
+        &client,
+        "ReferenceGrant",
+        elsewhere,
+        json!({"metadata": {"name": "grant"}, "spec": {
+        "from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": namespace}],
+        "to": [{"group": "", "kind": "Service", "name": "svc-granted"}]}}),
+    )
+    .await?;
+    create(
+        &client,
+        "TLSRoute",
+        ns,
+        route(
+            "pass",
+            main("passthrough"),
+            &["pass.example.com"],
+            json!([{"backendRefs": [{"name": "svc-tls", "port": 80}]}]),
+        ),
+    )
+    .await?;
+    create(
+        &client,
+        "TCPRoute",
+        ns,
+        json!({"metadata": {"name": "tcp"}, "spec": {"parentRefs": [main("tcp")],
+        "rules": [{"backendRefs": to("svc-2")}]}}),
+    )
+    .await?;
+
+    let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
+    let controller_dir = tempfile::tempdir()?;
+    let journal = controller_dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, &namespace, "haptic", controller_dir, &journal, &launch)?;
+    controller
+        .wait_for_config("the Gateway API render", Duration::from_secs(60), |cfg| {
+            cfg.contains("frontend gw_18500") && cfg.contains("default_backend be_tcp_")
+        })
+        .await?;
+    install_render(&controller, &dir, &namespace, &pems)?;
+    let haproxy_binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
+    let haproxy = Haproxy::start(&haproxy_binary, &dir, FRONTEND)?;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()?;
+
+    let mut table = Table { rows: Vec::new() };
+    let cases: Vec<Case> = vec![
+        ("Exact path", "GET", HTTP, "match.example.com", "/exact", vec![], "200 svc-0"),
+        ("Exact path does not match below it", "GET", HTTP, "match.example.com", "/exact/x", vec![], "200 svc-5"),
+        ("PathPrefix matches its own path", "GET", HTTP, "match.example.com", "/prefix", vec![], "200 svc-1"),
+        ("PathPrefix matches below it", "GET", HTTP, "match.example.com", "/prefix/x", vec![], "200 svc-1"),
+        ("PathPrefix is element-wise", "GET", HTTP, "match.example.com", "/prefixx", vec![], "200 svc-5"),
+        ("longest PathPrefix wins", "GET", HTTP, "match.example.com", "/prefix/longer/x", vec![], "200 svc-2"),
+        (
+            "a header match beats the same prefix",
+            "GET",
+            HTTP,
+            "match.example.com",
+            "/prefix/x",
+            vec![("x-env", "canary")],
+            "200 svc-3",
+        ),
+        (
+            "a longer prefix beats a header match",
+            "GET",
+            HTTP,
+            "match.example.com",
+            "/prefix/longer/x",
+            vec![("x-env", "canary")],
+            "200 svc-2",
+        ),
+        ("method match", "POST", HTTP, "match.example.com", "/", vec![], "200 svc-4"),
+        ("Exact path beats a method match", "POST", HTTP, "match.example.com", "/exact", vec![], "200 svc-0"),
+        ("query parameter match", "GET", HTTP, "match.example.com", "/q?ver=2", vec![], "200 svc-3"),
+        ("query parameter that differs", "GET", HTTP, "match.example.com", "/q?ver=3", vec![], "200 svc-0"),
+        ("RegularExpression path", "GET", HTTP, "match.example.com", "/re/123", vec![], "200 svc-1"),
+        ("RegularExpression path, no match", "GET", HTTP, "match.example.com", "/re/abc", vec![], "200 svc-5"),
+        ("RegularExpression header", "GET", HTTP, "match.example.com", "/hre", vec![("x-re", "v1")], "200 svc-2"),
+        (
+            "RegularExpression header, no match",
+            "GET",
+            HTTP,
+            "match.example.com",
+            "/hre",
+            vec![("x-re", "vx")],
+            "200 svc-5",
+        ),
+        (
+            "more header matches win",
+            "GET",
+            HTTP,
+            "match.example.com",
+            "/",
+            vec![("x-a", "1"), ("x-b", "2")],
+            "200 svc-0",
+        ),
+        ("fewer header matches", "GET", HTTP, "match.example.com", "/", vec![("x-a", "1")], "200 svc-1"),
+        ("listener hostname, route without hostnames", "GET", HTTP, "foo.example.com", "/", vec![], "200 svc-0"),
+        (
+            "hostname intersection: exact within wildcard listener",
+            "GET",
+            HTTP,
+            "a.wild.example.com",
+            "/",
+            vec![],
+            "200 svc-1",
+        ),
+        ("wildcard listener, another label", "GET", HTTP, "b.wild.example.com", "/", vec![], "200 svc-2"),
+        ("wildcard listener, two labels", "GET", HTTP, "x.y.wild.example.com", "/", vec![], "200 svc-2"),
+        ("wildcard listener does not take its bare domain", "GET", HTTP, "wild.example.com", "/", vec![], "404"),
+        (
+            "listener isolation: a host's listener keeps its requests",
+            "GET",
+            HTTP,
+            "foo.example.com",
+            "/iso",
+            vec![],
+            "200 svc-0",
+        ),
+        ("listener without hostname takes other hosts", "GET", HTTP, "any.example.org", "/iso", vec![], "200 svc-3"),
+        ("non-intersecting route hostname is not served", "GET", HTTP, "other.com", "/", vec![], "404"),
+        ("cross-namespace backend without ReferenceGrant", "GET", HTTP, "xns.example.com", "/", vec![], "500"),
+        (
+            "cross-namespace backend with ReferenceGrant",
+            "GET",
+            HTTP,
+            "xgrant.example.com",
+            "/",
+            vec![],
+            "200 svc-granted",
+        ),
+        (
+            "route from another namespace, listener allows All",
+            "GET",
+            HTTP_ALL,
+            "any.example.com",
+            "/",
+            vec![],
+            "200 svc-x",
+        ),
+        (
+            "listener selects namespaces by label",
+            "GET",
+            HTTP_SELECTOR,
+            "any.example.com",
+            "/",
+            vec![],
+            "200 svc-granted",
+        ),
+        (
+            "RequestRedirect scheme, 301, no port",
+            "GET",
+            HTTP,
+            "filters.example.com",
+            "/redirect-https/x",
+            vec![],
+            "301 https://filters.example.com/redirect-https/x",
+        ),
+        (
+            "RequestRedirect hostname keeps the listener port",
+            "GET",
+            HTTP,
+            "filters.example.com",
+            "/redirect-host",
+            vec![],
+            "302 http://elsewhere.example.com:18080/redirect-host",
+        ),
+        (
+            "RequestRedirect ReplaceFullPath",
+            "GET",
+            HTTP,
+            "filters.example.com",
+            "/redirect-full/x",
+            vec![],
+            "302 http://filters.example.com:18080/new",
+        ),
+        (
+            "RequestRedirect ReplacePrefixMatch",
+            "GET",
+            HTTP,
+            "filters.example.com",
+            "/redirect-prefix/x",
+            vec![],
+            "302 http://filters.example.com:18080/p2/x",
+        ),
+        (
+            "RequestRedirect scheme and port, 308",
+            "GET",
+            HTTP,
+            "filters.example.com",
+            "/redirect-port",
+            vec![],
+            "308 https://filters.example.com:8443/redirect-port",
+        ),
+        ("backend Service missing", "GET", HTTP, "missing.example.com", "/", vec![], "500"),
+        ("backendRef of an invalid kind", "GET", HTTP, "badkind.example.com", "/", vec![], "500"),
+        ("all weights zero", "GET", HTTP, "filters.example.com", "/zero", vec![], "500"),
+        ("rule without backendRefs", "GET", HTTP, "filters.example.com", "/nobackend", vec![], "500"),
+        ("refused route (RequestMirror) is not served", "GET", HTTP, "mirror.example.com", "/", vec![], "404"),
+        ("route of a kind the listener does not take", "GET", 18083, "any.example.com", "/", vec![], "404"),
+        ("TCPRoute", "GET", TCP, "any.example.com", "/", vec![], "200 svc-2"),
+    ];
+    for (case, method, port, host, path, headers, expected) in cases {
+        let answer = request(&http, method, port, host, path, &headers).await?;
+        let shown: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        let shown = if shown.is_empty() { String::new() } else { format!(" [{}]", shown.join(", ")) };
+        table.push(case, format!("{method} :{port} {host}{path}{shown}"), expected, outcome(&answer));
+    }
+
+    // What the backend saw, and what the client got back, for the filters.
+    let answer =
+        request(&http, "GET", HTTP, "filters.example.com", "/reqhdr", &[("x-set", "old"), ("x-remove", "gone")])
+            .await?;
+    table.push("RequestHeaderModifier set", "GET /reqhdr [x-set: old]", "set-value", seen(&answer, "x-set"));
+    table.push("RequestHeaderModifier add (a % kept as is)", "GET /reqhdr", "added 100%", seen(&answer, "x-add"));
+    table.push("RequestHeaderModifier remove", "GET /reqhdr [x-remove: gone]", "", seen(&answer, "x-remove"));
+    let answer = request(&http, "GET", HTTP, "filters.example.com", "/resphdr", &[]).await?;
+    let header = |name: &str| answer.headers.get(name).cloned().unwrap_or_default();
+    table.push("ResponseHeaderModifier set", "GET /resphdr", "yes", header("x-resp"));
+    table.push("ResponseHeaderModifier add", "GET /resphdr", "also", header("x-resp-add"));
+    table.push("ResponseHeaderModifier remove", "GET /resphdr", "", header("content-type"));
+    for (case, path, what, expected) in [
+        ("URLRewrite ReplaceFullPath", "/rewrite-full/x", "path", "/rewritten"),
+        ("URLRewrite ReplacePrefixMatch", "/rewrite-prefix/x", "path", "/new/x"),
+        ("URLRewrite ReplacePrefixMatch to /", "/rewrite-root/x", "path", "/x"),
+        ("URLRewrite ReplacePrefixMatch to /, the prefix itself", "/rewrite-root", "path", "/"),
+        ("URLRewrite hostname", "/rewrite-host", "host", "rewritten.example.com"),
+    ] {
+        let answer = request(&http, "GET", HTTP, "filters.example.com", path, &[]).await?;
+        table.push(case, format!("GET {path}"), expected, seen(&answer, what));
+    }
+    let answer = request(&http, "GET", HTTP, "filters.example.com", "/slow?seconds=3", &[]).await?;
+    table.push("timeouts.backendRequest 1s ends a 3 s answer", "GET /slow?seconds=3", "504", outcome(&answer));
+
+    // Weights: 80/20 over 1,000 requests, within ±10% of each share.
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for _ in 0..1000 {
+        let answer = request(&http, "GET", HTTP, "filters.example.com", "/weights", &[]).await?;
+        *counts.entry(answer.backend).or_default() += 1;
+    }
+    let (a, b) = (counts.get("svc-0").copied().unwrap_or(0), counts.get("svc-1").copied().unwrap_or(0));
+    let within = (720..=880).contains(&a) && (180..=220).contains(&b) && a + b == 1000;
+    table.push(
+        "weighted backendRefs 80/20 over 1,000 requests (±10%)",
+        "GET /weights ×1000",
+        "within",
+        if within { "within".to_owned() } else { format!("svc-0 {a}, svc-1 {b}, others {}", 1000 - a - b) },
+    );
+
+    // TLS.
+    table.push(
+        "HTTPS listener terminates with its certificate",
+        "SNI secure.example.com",
+        "CN = secure.example.com",
+        served_subject(HTTPS, "secure.example.com")?,
+    );
+    table.push(
+        "HTTPS listener routes",
+        "https://secure.example.com:18443/",
+        "200 svc-4",
+        curl_https("secure.example.com", HTTPS, "/")?,
+    );
+    table.push(
+        "TLS passthrough: the backend's own certificate",
+        "SNI pass.example.com",
+        "CN = pass.example.com",
+        served_subject(PASSTHROUGH, "pass.example.com")?,
+    );
+    table.push(
+        "TLSRoute by SNI",
+        "https://pass.example.com:18444/",
+        "200 svc-tls",
+        curl_https("pass.example.com", PASSTHROUGH, "/")?,
+    );
+
+    // Status, as written on the API server.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let gateway = loop {
+        let status = status_of(&client, "Gateway", ns, "main").await?;
+        if status["listeners"].as_array().is_some_and(|l| !l.is_empty()) {
+            break status;
+        }
+        ensure!(Instant::now() < deadline, "no Gateway status within 30s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let listener_status = |name: &str| {
+        gateway["listeners"].as_array().and_then(|l| l.iter().find(|l| l["name"] == name).cloned()).unwrap_or_default()
+    };
+    let class_status = status_of(&client, "GatewayClass", None, &class).await?;
+    table.push(
+        "GatewayClass Accepted",
+        format!("GatewayClass {class}"),
+        "Accepted=True Accepted",
+        condition(&class_status["conditions"], "Accepted"),
+    );
+    table.push(
+        "Gateway Accepted, some listeners invalid",
+        "Gateway main",
+        "Accepted=True ListenersNotValid",
+        condition(&gateway["conditions"], "Accepted"),
+    );
+    table.push(
+        "Gateway Programmed",
+        "Gateway main",
+        "Programmed=True Programmed",
+        condition(&gateway["conditions"], "Programmed"),
+    );
+    table.push(
+        "Gateway addresses (configured)",
+        "Gateway main",
+        "192.0.2.10",
+        gateway["addresses"][0]["value"].as_str().unwrap_or("none"),
+    );
+    for (case, name, kind, expected) in [
+        ("listener Accepted", "http", "Accepted", "Accepted=True Accepted"),
+        ("listener Programmed", "http", "Programmed", "Programmed=True Programmed"),
+        ("listener ResolvedRefs", "https", "ResolvedRefs", "ResolvedRefs=True ResolvedRefs"),
+        ("listener with an unsupported protocol", "udp", "Accepted", "Accepted=False UnsupportedProtocol"),
+        ("listener on a port the configuration keeps", "reserved", "Accepted", "Accepted=False PortUnavailable"),
+        (
+            "listener with a missing certificate",
+            "https-bad",
+            "ResolvedRefs",
+            "ResolvedRefs=False InvalidCertificateRef",
+        ),
+        (
+            "listener with a missing certificate is not programmed",
+            "https-bad",
+            "Programmed",
+            "Programmed=False Invalid",
+        ),
+        (
+            "listener allowing a kind its protocol cannot take",
+            "bad-kinds",
+            "ResolvedRefs",
+            "ResolvedRefs=False InvalidRouteKinds",
+        ),
+    ] {
+        table.push(
+            case,
+            format!("Gateway main, listener {name}"),
+            expected,
+            condition(&listener_status(name)["conditions"], kind),
+        );
+    }
+    let attached = listener_status("http")["attachedRoutes"].as_i64().unwrap_or(-1);
+    // matching, catchall, xns-denied, xns-granted, filters, missing, badkind (mirror is refused).
+    table.push(
+        "listener attachedRoutes (accepted routes only)",
+        "Gateway main, listener http",
+        "7",
+        attached.to_string(),
+    );
+    let second = status_of(&client, "Gateway", ns, "second").await?;
+    let second_listener = |name: &str| {
+        second["listeners"].as_array().and_then(|l| l.iter().find(|l| l["name"] == name).cloned()).unwrap_or_default()
+    };
+    table.push(
+        "listener on a taken port and hostname",
+        "Gateway second, listener same-port",
+        "Conflicted=True HostnameConflict",
+        condition(&second_listener("same-port")["conditions"], "Conflicted"),
+    );
+    table.push(
+        "listener on a port of another protocol",
+        "Gateway second, listener other-protocol",
+        "Conflicted=True ProtocolConflict",
+        condition(&second_listener("other-protocol")["conditions"], "Conflicted"),
+    );
+    for (case, kind, namespace, name, condition_kind, expected) in [
+        ("route Accepted", "HTTPRoute", namespace.as_str(), "matching", "Accepted", "Accepted=True Accepted"),
+        ("route ResolvedRefs", "HTTPRoute", &namespace, "matching", "ResolvedRefs", "ResolvedRefs=True ResolvedRefs"),
+        (
+            "route hostname outside the listener's",
+            "HTTPRoute",
+            &namespace,
+            "nomatch",
+            "Accepted",
+            "Accepted=False NoMatchingListenerHostname",
+        ),
+        (
+            "cross-namespace backend without ReferenceGrant",
+            "HTTPRoute",
+            &namespace,
+            "xns-denied",
+            "ResolvedRefs",
+            "ResolvedRefs=False RefNotPermitted",
+        ),
+        (
+            "cross-namespace backend with ReferenceGrant",
+            "HTTPRoute",
+            &namespace,
+            "xns-granted",
+            "ResolvedRefs",
+            "ResolvedRefs=True ResolvedRefs",
+        ),
+        (
+            "backend Service missing",
+            "HTTPRoute",
+            &namespace,
+            "missing",
+            "ResolvedRefs",
+            "ResolvedRefs=False BackendNotFound",
+        ),
+        (
+            "backend of another kind",
+            "HTTPRoute",
+            &namespace,
+            "badkind",
+            "ResolvedRefs",
+            "ResolvedRefs=False InvalidKind",
+        ),
+        (
+            "route with an unsupported filter is refused",
+            "HTTPRoute",
+            &namespace,
+            "mirror",
+            "Accepted",
+            "Accepted=False UnsupportedValue",
+        ),
+        (
+            "namespace not selected by the listener",
+            "HTTPRoute",
+            &namespace,
+            "selector-denied",
+            "Accepted",
+            "Accepted=False NotAllowedByListeners",
+        ),
+        (
+            "kind not allowed by the listener",
+            "HTTPRoute",
+            &namespace,
+            "grpc-only-denied",
+            "Accepted",
+            "Accepted=False NotAllowedByListeners",
+        ),
+        (
+            "route from another namespace, allowed",
+            "HTTPRoute",
+            &other,
+            "from-other",
+            "Accepted",
+            "Accepted=True Accepted",
+        ),
+        ("TLSRoute Accepted", "TLSRoute", &namespace, "pass", "Accepted", "Accepted=True Accepted"),
+        ("TCPRoute Accepted", "TCPRoute", &namespace, "tcp", "Accepted", "Accepted=True Accepted"),
+    ] {
+        let status = status_of(&client, kind, Some(namespace), name).await?;
+        let parent = status["parents"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["controllerName"] == controller_name.as_str()).cloned())
+            .unwrap_or_default();
+        table.push(case, format!("{kind} {name}"), expected, condition(&parent["conditions"], condition_kind));
+    }
+
+    println!("\n| Case | Request | Expected | Got |\n|---|---|---|---|");
+    for row in &table.rows {
+        let mark = if row.expected == row.got { "" } else { " **FAILED**" };
+        println!("| {} | `{}` | {} | {}{mark} |", row.case, row.request, row.expected, row.got);
+    }
+    let failed: Vec<&Row> = table.rows.iter().filter(|r| r.expected != r.got).collect();
+    ensure!(table.rows.len() >= 40, "only {} rows", table.rows.len());
+    if !failed.is_empty() {
+        let lines: Vec<String> = failed
+            .iter()
+            .map(|r| format!("{}: {} expected {:?}, got {:?}", r.case, r.request, r.expected, r.got))
+            .collect();
+        bail!(
+            "{} of {} cases failed:\n{}\nHAProxy log:\n{}",
+            failed.len(),
+            table.rows.len(),
+            lines.join("\n"),
+            haproxy.log()
+        );
+    }
+    Ok(())
+}
