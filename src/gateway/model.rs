@@ -1102,3 +1102,220 @@ fn attach(
     }
     (attached, reason)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn settings() -> GatewaySettings {
+        GatewaySettings { controller_name: "haptic.dev/test".into(), reserved_ports: vec![8080], addresses: vec![] }
+    }
+
+    fn inputs(gateways: serde_json::Value, routes: serde_json::Value) -> Inputs {
+        let class = json!({"metadata": {"name": "c"}, "spec": {"controllerName": "haptic.dev/test"}});
+        let mut inputs = Inputs {
+            classes: vec![serde_json::from_value(class).unwrap()],
+            gateways: serde_json::from_value(gateways).unwrap(),
+            http_routes: serde_json::from_value(routes).unwrap(),
+            ..Inputs::default()
+        };
+        for name in ["a", "b"] {
+            let service = json!({"metadata": {"namespace": "ns", "name": name}, "spec": {"ports": [{"port": 80}]}});
+            inputs.services.insert(("ns".into(), name.into()), serde_json::from_value(service).unwrap());
+        }
+        inputs
+    }
+
+    fn gateway(listeners: serde_json::Value) -> serde_json::Value {
+        json!([{"metadata": {"namespace": "ns", "name": "gw"}, "spec": {"gatewayClassName": "c", "listeners": listeners}}])
+    }
+
+    fn http_route(
+        name: &str,
+        created: &str,
+        hostnames: serde_json::Value,
+        rules: serde_json::Value,
+    ) -> serde_json::Value {
+        json!({"metadata": {"namespace": "ns", "name": name, "creationTimestamp": created},
+               "spec": {"parentRefs": [{"name": "gw"}], "hostnames": hostnames, "rules": rules}})
+    }
+
+    fn route_condition(model: &Model, name: &str, kind: &str) -> (bool, &'static str) {
+        let status = model.status.iter().find(|s| s.name == name).expect("a status");
+        let Body::Route(parents) = &status.body else { panic!("not a route") };
+        let condition = parents[0].conditions.iter().find(|c| c.kind == kind).expect("the condition");
+        (condition.status, condition.reason)
+    }
+
+    #[test]
+    fn plain_rules_become_map_entries_ranked_by_host_then_path() {
+        let model = build(
+            &settings(),
+            &inputs(
+                gateway(json!([{"name": "web", "port": 80, "protocol": "HTTP"}])),
+                json!([http_route(
+                    "r",
+                    "2026-01-01T00:00:00Z",
+                    json!(["a.example.com"]),
+                    json!([
+                        {"matches": [{"path": {"type": "Exact", "value": "/x"}}], "backendRefs": [{"name": "a", "port": 80}]},
+                        {"matches": [{"path": {"type": "PathPrefix", "value": "/y/"}}], "backendRefs": [{"name": "b", "port": 80}]},
+                    ])
+                )]),
+            ),
+        );
+        let frontend = &model.frontends[0];
+        assert_eq!(frontend.name, "gw_80");
+        assert_eq!(frontend.exact_entries[0].key, "ns_gw_web|a.example.com/x");
+        assert!(frontend.exact_entries[0].value.ends_with(":ns_a_80"));
+        assert_eq!(frontend.prefix_entries[0].key, "ns_gw_web|a.example.com/y/");
+        assert!(frontend.conditional.is_empty());
+        assert_eq!(model.service_backends.len(), 2);
+        assert!(model.rule_backends.is_empty());
+        assert_eq!(route_condition(&model, "r", "Accepted"), (true, "Accepted"));
+    }
+
+    #[test]
+    fn the_older_route_keeps_a_contested_key_and_conditional_rules_follow_precedence() {
+        let rules = |backend: &str| {
+            json!([
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [{"name": backend, "port": 80}]},
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/p"}, "headers": [{"name": "x", "value": "1"}]}],
+                 "backendRefs": [{"name": backend, "port": 80}]},
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/longer"}, "method": "GET"}],
+                 "backendRefs": [{"name": backend, "port": 80}]},
+            ])
+        };
+        let model = build(
+            &settings(),
+            &inputs(
+                gateway(json!([{"name": "web", "port": 80, "protocol": "HTTP"}])),
+                json!([
+                    http_route("young", "2026-02-01T00:00:00Z", json!([]), rules("b")),
+                    http_route("old", "2026-01-01T00:00:00Z", json!([]), rules("a")),
+                ]),
+            ),
+        );
+        let frontend = &model.frontends[0];
+        assert_eq!(frontend.prefix_entries.len(), 1);
+        assert!(frontend.prefix_entries[0].value.ends_with(":ns_a_80"), "the older route wins the tie");
+        let order: Vec<(&str, &str)> =
+            frontend.conditional.iter().map(|r| (r.path.as_str(), r.value.rsplit(':').next().unwrap_or(""))).collect();
+        // Longer prefix first; on equal rank, the older route first.
+        assert_eq!(order, vec![("/longer", "ns_a_80"), ("/longer", "ns_b_80"), ("/p", "ns_a_80"), ("/p", "ns_b_80")]);
+        assert!(frontend.conditional[0].rank > frontend.conditional[2].rank);
+    }
+
+    #[test]
+    fn listeners_conflict_by_port_and_hostname_and_refuse_reserved_ports() {
+        let model = build(
+            &settings(),
+            &inputs(
+                gateway(json!([
+                    {"name": "a", "port": 80, "protocol": "HTTP"},
+                    {"name": "b", "port": 80, "protocol": "HTTP"},
+                    {"name": "c", "port": 80, "protocol": "TCP"},
+                    {"name": "d", "port": 8080, "protocol": "HTTP"},
+                    {"name": "e", "port": 81, "protocol": "UDP"},
+                ])),
+                json!([]),
+            ),
+        );
+        let gateway = model.status.iter().find(|s| s.kind == "Gateway").expect("gateway status");
+        let Body::Gateway { listeners, conditions, .. } = &gateway.body else { panic!() };
+        let reason = |name: &str, kind: &str| {
+            let l = listeners.iter().find(|l| l.name == name).expect("listener");
+            l.conditions.iter().find(|c| c.kind == kind).map(|c| (c.status, c.reason)).expect("condition")
+        };
+        assert_eq!(reason("a", "Conflicted"), (false, "NoConflicts"));
+        assert_eq!(reason("b", "Conflicted"), (true, "HostnameConflict"));
+        assert_eq!(reason("c", "Conflicted"), (true, "ProtocolConflict"));
+        assert_eq!(reason("d", "Accepted"), (false, "PortUnavailable"));
+        assert_eq!(reason("e", "Accepted"), (false, "UnsupportedProtocol"));
+        assert_eq!((conditions[0].status, conditions[0].reason), (true, "ListenersNotValid"));
+        assert_eq!(model.frontends.len(), 1);
+    }
+
+    #[test]
+    fn references_resolve_or_say_why_and_bad_rules_refuse_their_route_alone() {
+        let model = build(
+            &settings(),
+            &inputs(
+                gateway(json!([{"name": "web", "port": 80, "protocol": "HTTP"}])),
+                json!([
+                    http_route(
+                        "cross",
+                        "t1",
+                        json!([]),
+                        json!([{"backendRefs": [{"name": "a", "namespace": "other", "port": 80}]}])
+                    ),
+                    http_route("missing", "t2", json!([]), json!([{"backendRefs": [{"name": "zz", "port": 80}]}])),
+                    http_route(
+                        "kind",
+                        "t3",
+                        json!([]),
+                        json!([{"backendRefs": [{"kind": "Pod", "name": "a", "port": 80}]}])
+                    ),
+                    http_route(
+                        "bad",
+                        "t4",
+                        json!([]),
+                        json!([{"filters": [{"type": "ExtensionRef"}], "backendRefs": [{"name": "a", "port": 80}]}])
+                    ),
+                    http_route(
+                        "good",
+                        "t5",
+                        json!(["g.example.com"]),
+                        json!([{"backendRefs": [{"name": "a", "port": 80}]}])
+                    ),
+                ]),
+            ),
+        );
+        assert_eq!(route_condition(&model, "cross", "ResolvedRefs"), (false, "RefNotPermitted"));
+        assert_eq!(route_condition(&model, "missing", "ResolvedRefs"), (false, "BackendNotFound"));
+        assert_eq!(route_condition(&model, "kind", "ResolvedRefs"), (false, "InvalidKind"));
+        assert_eq!(route_condition(&model, "bad", "Accepted"), (false, "UnsupportedValue"));
+        assert_eq!(route_condition(&model, "good", "Accepted"), (true, "Accepted"));
+        assert!(model.rule_backends.iter().any(|b| b.name == INVALID_BACKEND && b.fixed_status == Some(500)));
+        let keys: Vec<&str> = model.frontends[0].prefix_entries.iter().map(|e| e.key.as_str()).collect();
+        assert!(keys.contains(&"ns_gw_web|g.example.com/"));
+    }
+
+    #[test]
+    fn weights_and_filters_give_a_rule_its_own_backend() {
+        let model = build(
+            &settings(),
+            &inputs(
+                gateway(json!([{"name": "web", "port": 80, "protocol": "HTTP"}])),
+                json!([http_route(
+                    "r",
+                    "t",
+                    json!([]),
+                    json!([
+                        {"backendRefs": [{"name": "a", "port": 80, "weight": 3}, {"name": "b", "port": 80, "weight": 1}]},
+                        {"matches": [{"path": {"type": "PathPrefix", "value": "/old/"}}],
+                         "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}],
+                         "backendRefs": [{"name": "a", "port": 80}]},
+                    ])
+                )]),
+            ),
+        );
+        let weighted = model.rule_backends.iter().find(|b| b.name == "http_ns_r_r1").expect("rule backend");
+        assert!(weighted.weighted);
+        assert_eq!(weighted.refs.iter().map(|r| r.weight).collect::<Vec<_>>(), vec![3, 1]);
+        let rewrite = model.rule_backends.iter().find(|b| b.name == "http_ns_r_r2").expect("rule backend");
+        let path = rewrite.rewrite_path.as_ref().expect("rewrite");
+        assert_eq!((path.pattern.as_str(), path.replacement.as_str()), ("^/old(/.*)?$", "/new\\1"));
+    }
+
+    #[test]
+    fn durations_read_as_the_gateway_api_writes_them() {
+        assert_eq!(duration_ms("1h30m"), Some(5_400_000));
+        assert_eq!(duration_ms("500ms"), Some(500));
+        assert_eq!(duration_ms("10s"), Some(10_000));
+        assert_eq!(duration_ms("0s"), Some(0));
+        assert_eq!(duration_ms("10x"), None);
+    }
+}
