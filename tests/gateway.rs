@@ -28,6 +28,7 @@ use serde_json::{Value as Json, json};
 
 const FRONTEND: &str = "127.1.3.2";
 const BACKEND_BASE_PORT: u16 = 18200;
+const GRPC_BASE_PORT: u16 = 18220;
 const GROUP: &str = "gateway.networking.k8s.io";
 /// Listener ports (the chart keeps 8080, 8443 and 8404 for Ingress and health).
 const HTTP: u16 = 18080;
@@ -227,6 +228,12 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         services.push((ns, name, port));
     }
     let _backends = start_backend_specs(&dir, &specs)?;
+    // gRPC backends: HTTP/2 only, in clear text.
+    let grpc_specs: Vec<String> = (0..4).map(|i| format!("g-{i}={address}:{}", GRPC_BASE_PORT + i)).collect();
+    let _grpc_backends = env::h2c::start(&dir, "h2c_backends", &grpc_specs)?;
+    for i in 0..4 {
+        services.push((namespace.clone(), format!("g-{i}"), GRPC_BASE_PORT + i));
+    }
     for (ns, name, port) in &services {
         service_with_endpoints(&client, ns, name, &address, *port).await?;
     }
@@ -422,6 +429,14 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         "to": [{"group": "", "kind": "Service", "name": "svc-granted"}]}}),
     )
     .await?;
+    let method = |service: Option<&str>, name: Option<&str>| json!({"method": {"service": service, "method": name}});
+    let grpc_rules = json!([
+        {"matches": [method(Some("echo.Echo"), Some("Say"))], "backendRefs": to("g-0")},
+        {"matches": [method(Some("echo.Echo"), None)], "backendRefs": to("g-1")},
+        {"matches": [{"method": {"type": "RegularExpression", "service": "reg\\..*", "method": "Do.*"}}], "backendRefs": to("g-2")},
+        {"matches": [{"method": {"service": "echo.Echo", "method": "Say"}, "headers": [{"name": "x-grpc", "value": "yes"}]}], "backendRefs": to("g-3")},
+    ]);
+    create(&client, "GRPCRoute", ns, route("grpc", main("http"), &["grpc.example.com"], grpc_rules)).await?;
     create(
         &client,
         "TLSRoute",
@@ -624,6 +639,38 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         table.push(case, format!("{method} :{port} {host}{path}{shown}"), expected, outcome(&answer));
     }
 
+    // gRPC: HTTP/2 in clear text from the client (prior knowledge) and to the backends.
+    // (Over HTTP/2 the host is the URL's authority, so the name resolves to the frontend.)
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .resolve("grpc.example.com", format!("{FRONTEND}:{HTTP}").parse()?)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    for (case, path, headers, expected) in [
+        ("GRPCRoute exact service and method", "/echo.Echo/Say", vec![], "200 g-0"),
+        ("GRPCRoute service only", "/echo.Echo/Other", vec![], "200 g-1"),
+        ("GRPCRoute RegularExpression service and method", "/reg.x/DoIt", vec![], "200 g-2"),
+        ("GRPCRoute header match beats the same method", "/echo.Echo/Say", vec![("x-grpc", "yes")], "200 g-3"),
+        ("GRPCRoute unknown service", "/other.Svc/Say", vec![], "404"),
+    ] {
+        let mut builder = h2
+            .post(format!("http://grpc.example.com:{HTTP}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        for (name, value) in &headers {
+            builder = builder.header(*name, *value);
+        }
+        let response = builder.body(vec![0u8, 0, 0, 0, 0]).send().await?;
+        let got = match response.status().as_u16() {
+            200 => {
+                format!("200 {}", response.headers().get("x-backend").and_then(|v| v.to_str().ok()).unwrap_or_default())
+            }
+            status => status.to_string(),
+        };
+        let shown = headers.iter().map(|(k, v)| format!(" [{k}: {v}]")).collect::<String>();
+        table.push(case, format!("gRPC (h2c) grpc.example.com{path}{shown}"), expected, got);
+    }
+
     // What the backend saw, and what the client got back, for the filters.
     let answer =
         request(&http, "GET", HTTP, "filters.example.com", "/reqhdr", &[("x-set", "old"), ("x-remove", "gone")])
@@ -765,7 +812,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
     table.push(
         "listener attachedRoutes (accepted routes only)",
         "Gateway main, listener http",
-        "7",
+        "8",
         attached.to_string(),
     );
     let second = status_of(&client, "Gateway", ns, "second").await?;
@@ -861,6 +908,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         ),
         ("TLSRoute Accepted", "TLSRoute", &namespace, "pass", "Accepted", "Accepted=True Accepted"),
         ("TCPRoute Accepted", "TCPRoute", &namespace, "tcp", "Accepted", "Accepted=True Accepted"),
+        ("GRPCRoute Accepted", "GRPCRoute", &namespace, "grpc", "Accepted", "Accepted=True Accepted"),
     ] {
         let status = status_of(&client, kind, Some(namespace), name).await?;
         let parent = status["parents"]
@@ -891,4 +939,11 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         );
     }
     Ok(())
+}
+
+/// Not a conformance case: the h2c backends of the one above, when it runs this binary inside
+/// the backend host's network namespace (see tests/env/h2c.rs); otherwise it returns at once.
+#[tokio::test]
+async fn h2c_backends() -> Result<()> {
+    env::h2c::serve_if_asked().await
 }
