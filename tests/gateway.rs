@@ -18,18 +18,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use env::chart::haproxy_binaries;
 use env::controller::{ControllerProcess, Launch};
+use env::gateway::{GROUP, create, prefix, route, status_of, to};
 use env::standalone::{
     Haproxy, apply_library_config_with, backend_host_address, install_render, service_with_endpoints,
     start_backend_specs,
 };
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::{Value as Json, json};
 
 const FRONTEND: &str = "127.1.3.2";
 const BACKEND_BASE_PORT: u16 = 18200;
 const GRPC_BASE_PORT: u16 = 18220;
-const GROUP: &str = "gateway.networking.k8s.io";
 /// Listener ports (the chart keeps 8080, 8443 and 8404 for Ingress and health).
 const HTTP: u16 = 18080;
 const HTTP_ALL: u16 = 18081;
@@ -37,43 +37,6 @@ const HTTP_SELECTOR: u16 = 18082;
 const HTTPS: u16 = 18443;
 const PASSTHROUGH: u16 = 18444;
 const TCP: u16 = 18500;
-
-fn resource(kind: &str) -> ApiResource {
-    let lower = kind.to_ascii_lowercase();
-    let plural = if lower.ends_with('s') { format!("{lower}es") } else { format!("{lower}s") };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1", kind), &plural)
-}
-
-fn api(client: &kube::Client, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
-    match namespace {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource(kind)),
-        None => Api::all_with(client.clone(), &resource(kind)),
-    }
-}
-
-async fn create(client: &kube::Client, kind: &str, namespace: Option<&str>, mut object: Json) -> Result<()> {
-    object["apiVersion"] = json!(format!("{GROUP}/v1"));
-    object["kind"] = json!(kind);
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-    let dynamic: DynamicObject = serde_json::from_value(object)?;
-    api(client, kind, namespace)
-        .create(&PostParams::default(), &dynamic)
-        .await
-        .with_context(|| format!("creating {kind} {name}"))?;
-    Ok(())
-}
-
-fn route(name: &str, parent: Json, hostnames: &[&str], rules: Json) -> Json {
-    json!({"metadata": {"name": name}, "spec": {"parentRefs": [parent], "hostnames": hostnames, "rules": rules}})
-}
-
-fn to(service: &str) -> Json {
-    json!([{"name": service, "port": 80}])
-}
-
-fn prefix(path: &str) -> Json {
-    json!({"path": {"type": "PathPrefix", "value": path}})
-}
 
 /// One answer: status, which backend (`X-Backend`), Location, the body, one response header.
 #[derive(Debug, Default)]
@@ -186,10 +149,6 @@ fn condition(conditions: &Json, kind: &str) -> String {
         .and_then(|list| list.iter().find(|c| c["type"] == kind))
         .map(|c| format!("{}={} {}", kind, c["status"].as_str().unwrap_or("?"), c["reason"].as_str().unwrap_or("?")))
         .unwrap_or_else(|| format!("{kind} missing"))
-}
-
-async fn status_of(client: &kube::Client, kind: &str, namespace: Option<&str>, name: &str) -> Result<Json> {
-    Ok(api(client, kind, namespace).get(name).await?.data.get("status").cloned().unwrap_or_default())
 }
 
 #[tokio::test]

@@ -6,14 +6,13 @@
 
 mod env;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use env::controller::ControllerProcess;
+use env::controller::{ControllerProcess, every_pod_runs, every_pod_runs_next_render, rendered};
 use env::standalone::{
     apply_library_config_for_pods, backend_host_address, endpoint_slice, ingress_to, library_namespace,
     service_with_endpoints, start_backends,
@@ -98,57 +97,6 @@ fn route_ingress(name: &str, host: &str, path: &str, service: &str) -> Result<In
         "spec": {"ingressClassName": "haproxy", "rules": [{"host": host, "http": {"paths": [
             {"path": path, "pathType": "Prefix", "backend": {"service": {"name": service, "port": {"number": 80}}}}]}}]}
     }))?)
-}
-
-/// The checksums of the controller's latest render (configuration, maps, general files), by the
-/// names the API's `pushedChecksums` use.
-fn rendered(controller: &ControllerProcess) -> Result<BTreeMap<String, String>> {
-    let mut files = BTreeMap::new();
-    let checksum =
-        |path: &Path| -> Result<String> { Ok(haptic::files::Checksum::of(&std::fs::read(path)?).to_string()) };
-    files.insert("haproxy.cfg".to_owned(), checksum(&controller.render_dir.join("haproxy.cfg"))?);
-    for (dir, prefix) in [("maps", "maps"), ("files", "files")] {
-        for entry in std::fs::read_dir(controller.render_dir.join(dir))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            files.insert(format!("{prefix}/{name}"), checksum(&entry.path())?);
-        }
-    }
-    Ok(files)
-}
-
-/// Waits for a render other than `previous`, then for every pod to run it, InSync.
-async fn every_pod_runs_next_render(
-    controller: &ControllerProcess,
-    pods: usize,
-    previous: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>> {
-    let deadline = Instant::now() + WITHIN;
-    let render = loop {
-        let render = rendered(controller)?;
-        if render != *previous {
-            break render;
-        }
-        ensure!(Instant::now() < deadline, "no new render within {WITHIN:?}\n{}", controller.log_tail());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    every_pod_runs(controller, pods, &render).await?;
-    Ok(render)
-}
-
-async fn every_pod_runs(controller: &ControllerProcess, pods: usize, files: &BTreeMap<String, String>) -> Result<()> {
-    controller
-        .wait_for_pods("every pod running the render", pods, WITHIN, |pod| {
-            let pushed: BTreeMap<String, String> = pod["pushedChecksums"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|f| Some((f["name"].as_str()?.to_owned(), f["checksum"].as_str()?.to_owned())))
-                .collect();
-            pod["state"] == "InSync" && files.iter().all(|(name, sum)| pushed.get(name) == Some(sum))
-        })
-        .await?;
-    Ok(())
 }
 
 /// What a pod answers for `host` and `path`: `backend=<name>` or the status.
@@ -250,7 +198,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
         env::every_pod_answers(env, &format!("{service}.rt.example"), service, Duration::from_millis(100)).await?;
     }
     let mut render = rendered(&controller)?;
-    every_pod_runs(&controller, pods, &render).await?;
+    every_pod_runs(&controller, pods, &render, WITHIN).await?;
 
     // A streaming answer through every pod, open across every change.
     let streams: Vec<(String, Stream)> =
@@ -338,7 +286,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
                         }
                     },
                 }
-                render = every_pod_runs_next_render(&controller, pods, &render).await?;
+                render = every_pod_runs_next_render(&controller, pods, &render, WITHIN).await?;
                 for pod in &env.pods {
                     for (host, path) in &checks {
                         let got = answer(&http, pod, host, path).await;
@@ -366,7 +314,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
                 let file = format!("certs/{namespace}_{name}.pem");
                 let mut wanted = render.clone();
                 wanted.insert(file, certificate_file_checksum(&cert, &key));
-                every_pod_runs(&controller, pods, &wanted).await?;
+                every_pod_runs(&controller, pods, &wanted, WITHIN).await?;
                 for pod in &env.pods {
                     let served = served_serial(pod, &tls_hosts[i])?;
                     ensure!(
@@ -386,7 +334,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
                     slices.create(&PostParams::default(), &web_slice(WEB_PORTS[2])?).await?;
                 }
                 web_scaled = !web_scaled;
-                render = every_pod_runs_next_render(&controller, pods, &render).await?;
+                render = every_pod_runs_next_render(&controller, pods, &render, WITHIN).await?;
                 for pod in &env.pods {
                     let got = answer(&http, pod, "web.rt.example", "/").await;
                     ensure!(got == "backend=web", "step {step}: {} answered web.rt.example with {got}", pod.name);
@@ -399,7 +347,7 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     for port in GROWTH_PORTS {
         slices.create(&PostParams::default(), &web_slice(port)?).await?;
     }
-    render = every_pod_runs_next_render(&controller, pods, &render).await?;
+    render = every_pod_runs_next_render(&controller, pods, &render, WITHIN).await?;
     let config = std::fs::read_to_string(controller.render_dir.join("haproxy.cfg"))?;
     ensure!(config.contains("server srv20 "), "the web backend did not grow to 20 slots:\n{config}");
     for pod in &env.pods {
@@ -439,13 +387,13 @@ async fn routes_certificates_and_scale_steps_in_random_order_reload_no_pod_and_a
     // full sync on that pod alone, which ends InSync and serves the change.
     let (host, service) = ("fallback.rt.example", "s0");
     ingresses.create(&PostParams::default(), &route_ingress("fallback", host, "/", service)?).await?;
-    render = every_pod_runs_next_render(&controller, pods, &render).await?;
+    render = every_pod_runs_next_render(&controller, pods, &render, WITHIN).await?;
     let victim = &env.pods[0];
     env.dataplane(victim).delete_runtime_map_entry("host-prefix.map", &format!("{host}/")).await?;
     let before = env.writes(victim).await?;
     let patch = route_ingress("fallback", host, "/", "s1")?;
     ingresses.replace("fallback", &PostParams::default(), &with_version(&ingresses, "fallback", patch).await?).await?;
-    every_pod_runs_next_render(&controller, pods, &render).await?;
+    every_pod_runs_next_render(&controller, pods, &render, WITHIN).await?;
     let after = env.writes(victim).await?;
     ensure!(
         after.reloads == before.reloads + 1,
@@ -519,7 +467,7 @@ async fn a_burst_of_fifty_ingresses_to_new_services_reloads_each_pod_at_most_onc
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let render = rendered(&controller)?;
-    every_pod_runs(&controller, pods, &render).await?;
+    every_pod_runs(&controller, pods, &render, WITHIN).await?;
     let settled = started.elapsed();
     for i in 0..50 {
         env::every_pod_answers(env, &format!("n{i}.newsvc.example"), "blue", Duration::from_millis(100)).await?;

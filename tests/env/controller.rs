@@ -1,10 +1,11 @@
 //! Test support for running the real `haptic` binary against the environment's API server.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use haptic::config::HAProxyTemplateConfig;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -344,4 +345,62 @@ impl Drop for ControllerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The checksums of the controller's latest render (configuration, maps, general files), by the
+/// names the API's `pushedChecksums` use.
+pub fn rendered(controller: &ControllerProcess) -> Result<BTreeMap<String, String>> {
+    let mut files = BTreeMap::new();
+    let checksum =
+        |path: &Path| -> Result<String> { Ok(haptic::files::Checksum::of(&std::fs::read(path)?).to_string()) };
+    files.insert("haproxy.cfg".to_owned(), checksum(&controller.render_dir.join("haproxy.cfg"))?);
+    for (dir, prefix) in [("maps", "maps"), ("files", "files")] {
+        for entry in std::fs::read_dir(controller.render_dir.join(dir))? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            files.insert(format!("{prefix}/{name}"), checksum(&entry.path())?);
+        }
+    }
+    Ok(files)
+}
+
+/// Waits for a render other than `previous`, then for every pod to run it, InSync.
+pub async fn every_pod_runs_next_render(
+    controller: &ControllerProcess,
+    pods: usize,
+    previous: &BTreeMap<String, String>,
+    within: Duration,
+) -> Result<BTreeMap<String, String>> {
+    let deadline = Instant::now() + within;
+    let render = loop {
+        let render = rendered(controller)?;
+        if render != *previous {
+            break render;
+        }
+        ensure!(Instant::now() < deadline, "no new render within {within:?}\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    every_pod_runs(controller, pods, &render, within).await?;
+    Ok(render)
+}
+
+/// Waits for every pod to run exactly `files`, InSync.
+pub async fn every_pod_runs(
+    controller: &ControllerProcess,
+    pods: usize,
+    files: &BTreeMap<String, String>,
+    within: Duration,
+) -> Result<()> {
+    controller
+        .wait_for_pods("every pod running the render", pods, within, |pod| {
+            let pushed: BTreeMap<String, String> = pod["pushedChecksums"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| Some((f["name"].as_str()?.to_owned(), f["checksum"].as_str()?.to_owned())))
+                .collect();
+            pod["state"] == "InSync" && files.iter().all(|(name, sum)| pushed.get(name) == Some(sum))
+        })
+        .await?;
+    Ok(())
 }

@@ -10,6 +10,7 @@
 pub mod chart;
 pub mod controller;
 pub mod fixtures;
+pub mod gateway;
 pub mod h2c;
 pub mod measure;
 pub mod otlp;

@@ -241,7 +241,17 @@ pub async fn library_namespace(env: &super::Manifest, client: &kube::Client, tes
 /// the runtime map endpoints need), and is deployed to through its Dataplane API
 /// with the credentials of the Secret `dataplane` (see `fixtures::dataplane_secret`).
 pub async fn apply_library_config_for_pods(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
-    let placement = [
+    apply_library_config_for_pods_with(client, namespace, release, &[]).await
+}
+
+/// [`apply_library_config_for_pods`] with more chart values (`key`, `value`), set after the others.
+pub async fn apply_library_config_for_pods_with(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    values: &[(&str, String)],
+) -> Result<()> {
+    let mut placement = vec![
         ("haproxy.bindAddress", "\"${POD_IP}\"".to_owned()),
         // Where the environment's pods see their own storage directories (envctl.py).
         ("haproxy.paths.maps", "/var/run/haproxy/maps".into()),
@@ -249,6 +259,7 @@ pub async fn apply_library_config_for_pods(client: &kube::Client, namespace: &st
         ("haproxy.paths.certs", "/var/run/haproxy/ssl".into()),
         ("haproxy.dataplane.existingSecret", "dataplane".into()),
     ];
+    placement.extend(values.iter().cloned());
     let env_pods =
         json!({"matchLabels": {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/part-of": "haptic-env"}});
     apply_chart_config(client, namespace, release, &placement, Some(env_pods)).await
