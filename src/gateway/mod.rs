@@ -354,7 +354,8 @@ impl Inputs {
     /// only where Gateway objects name them; an object that does not parse is skipped.
     pub fn from_stores(stores: &crate::store::Stores, pod_ips: Vec<String>) -> Self {
         fn parse<T: serde::de::DeserializeOwned>(object: &crate::store::StoredObject) -> Option<T> {
-            serde_json::to_value(&object.value).ok().and_then(|json| serde_json::from_value(json).ok())
+            // Straight from the stored template value: no JSON in between.
+            T::deserialize(object.value.clone()).ok()
         }
         fn all<T: serde::de::DeserializeOwned>(stores: &crate::store::Stores, alias: &str) -> Vec<T> {
             stores.get(alias).map(|store| store.iter().filter_map(|o| parse(o)).collect()).unwrap_or_default()

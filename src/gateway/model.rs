@@ -769,14 +769,12 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
         }
     }
     routes.sort_by(|a, b| {
-        let key = |r: &RouteContext<'_>| {
-            (
-                r.route.metadata.creation_timestamp.clone(),
-                r.route.metadata.namespace.clone(),
-                r.route.metadata.name.clone(),
-            )
-        };
-        key(a).cmp(&key(b))
+        let (a, b) = (&a.route.metadata, &b.route.metadata);
+        (a.creation_timestamp.as_str(), a.namespace.as_str(), a.name.as_str()).cmp(&(
+            b.creation_timestamp.as_str(),
+            b.namespace.as_str(),
+            b.name.as_str(),
+        ))
     });
     for (order, route) in routes.iter_mut().enumerate() {
         route.order = order;

@@ -55,6 +55,11 @@ fn stores_for(config: &HAProxyTemplateConfig, objects: &[serde_json::Value]) -> 
 
 /// The chart's default configuration, as `helm template` renders it.
 fn chart_config() -> Option<HAProxyTemplateConfig> {
+    chart_config_with(&[])
+}
+
+/// The chart's configuration with these `--set` values.
+fn chart_config_with(values: &[&str]) -> Option<HAProxyTemplateConfig> {
     let helm = std::env::var_os("HAPTIC_HELM")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/haptic-env/bin/helm"));
@@ -63,6 +68,7 @@ fn chart_config() -> Option<HAProxyTemplateConfig> {
         .args(["template", "bench"])
         .arg(&chart)
         .args(["--namespace", "haptic-system", "--kube-version", "1.36.3"])
+        .args(values.iter().flat_map(|value| ["--set", value]))
         .output()
         .ok()
         .filter(|o| o.status.success())?;
@@ -80,6 +86,44 @@ fn render(c: &mut Criterion) {
         Some(config) => render_fleets(c, "chart_library", &config, 1),
         None => println!("chart_library: skipped (no Helm at $HAPTIC_HELM or ~/.cache/haptic-env/bin/helm)"),
     }
+    // The Gateway API (issue #14): N HTTPRoutes, each with its Service and EndpointSlice.
+    match chart_config_with(&["gatewayAPI.enabled=true"]) {
+        Some(config) => render_httproutes(c, &config),
+        None => println!("gateway_library: skipped (no Helm)"),
+    }
+}
+
+fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
+    let renderer = Renderer::compile(&config.spec).expect("the chart's configuration compiles");
+    let mut group = c.benchmark_group("gateway_library");
+    group.sample_size(10);
+    for count in [1_000usize, 10_000] {
+        let stores = stores_for(config, &synthetic::httproute_fleet(count));
+        let files = renderer.render(&stores, &[]).expect("renders");
+        let gateway_lines = files.haproxy_cfg.content.lines().filter(|l| l.contains("txn.gwr")).count();
+        // The model alone (reading the objects, attaching, ranking), without the templates.
+        let settings = config.spec.gateway_api.clone().expect("the Gateway API is on");
+        let started = std::time::Instant::now();
+        let inputs = haptic::gateway::Inputs::from_stores(&stores, Vec::new());
+        let read = started.elapsed();
+        let model = haptic::gateway::build(&settings, &inputs);
+        println!(
+            "gateway_library: {count} HTTPRoutes: model {:.1} ms (reading the objects {:.1} ms), {} frontends",
+            started.elapsed().as_secs_f64() * 1e3,
+            read.as_secs_f64() * 1e3,
+            model.frontends.len()
+        );
+        println!(
+            "gateway_library: {count} HTTPRoutes: haproxy.cfg {} KiB ({gateway_lines} routing lines), gw-prefix.map {} KiB",
+            files.haproxy_cfg.content.len() / 1024,
+            files.maps.get("gw-prefix.map").map_or(0, |m| m.content.len() / 1024),
+        );
+        group.throughput(Throughput::Elements(count as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(count), &stores, |b, stores| {
+            b.iter(|| black_box(renderer.render(stores, &[]).expect("renders")));
+        });
+    }
+    group.finish();
 }
 
 fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, paths: usize) {

@@ -52,3 +52,44 @@ pub fn ingress_fleet_with_paths(count: usize, paths: usize) -> Vec<Value> {
     }
     objects
 }
+
+/// The objects for `count` HTTPRoutes attached to one Gateway (`web`, HTTP on 18080, routes
+/// from all namespaces) of the GatewayClass `haptic` (controller `haptic.dev/gateway-controller`,
+/// the chart's default), each with its own hostname, Service and EndpointSlice of 3 endpoints
+/// (as [`ingress_fleet`]). Every tenth route also matches a header (a rule the maps cannot
+/// hold), and every tenth, offset by five, splits its traffic 80/20 with the next app.
+pub fn httproute_fleet(count: usize) -> Vec<Value> {
+    let mut objects: Vec<Value> = ingress_fleet(count).into_iter().filter(|o| o["kind"] != "Ingress").collect();
+    objects.push(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "haptic"}, "spec": {"controllerName": "haptic.dev/gateway-controller"}
+    }));
+    objects.push(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"namespace": "gw-system", "name": "web"},
+        "spec": {"gatewayClassName": "haptic", "listeners": [{"name": "http", "port": 18080, "protocol": "HTTP",
+                 "allowedRoutes": {"namespaces": {"from": "All"}}}]}
+    }));
+    for i in 0..count {
+        let namespace = format!("team-{}", i % 17);
+        let app = format!("app-{i}");
+        let mut rules = vec![json!({"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                                    "backendRefs": [{"name": app, "port": 80}]})];
+        if i % 10 == 0 {
+            rules.push(json!({"matches": [{"path": {"type": "PathPrefix", "value": "/"},
+                                           "headers": [{"name": "x-canary", "value": "1"}]}],
+                              "backendRefs": [{"name": app, "port": 80}]}));
+        }
+        if i % 10 == 5 && i + 1 < count && (i + 1) % 17 == i % 17 {
+            rules[0]["backendRefs"] = json!([{"name": app, "port": 80, "weight": 80},
+                                             {"name": format!("app-{}", i + 1), "port": 80, "weight": 20}]);
+        }
+        objects.push(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"namespace": namespace, "name": app, "creationTimestamp": format!("2026-01-01T00:00:{:02}Z", i % 60)},
+            "spec": {"parentRefs": [{"name": "web", "namespace": "gw-system"}],
+                     "hostnames": [format!("{app}.example.com")], "rules": rules}
+        }));
+    }
+    objects
+}
