@@ -211,6 +211,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             ("gatewayAPI.controllerName", controller_name.clone()),
             ("gatewayAPI.gatewayClass.create", "false".into()),
             ("gatewayAPI.addresses", "{192.0.2.10}".into()),
+            ("haproxy.paths.mirrorSocket", dir.join("gw-mirror.sock").display().to_string()),
             ("gatewayAPI.namespaces", both.clone()),
             ("config.watchedResources.services.namespaces", both.clone()),
             ("config.watchedResources.endpoints.namespaces", both),
@@ -359,6 +360,13 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             &["mirror.example.com"],
             json!([{"filters": [{"type": "RequestMirror",
             "requestMirror": {"backendRef": {"name": "svc-1", "port": 80}}}], "backendRefs": to("svc-0")}]),
+        ),
+        route(
+            "unsupported",
+            main("http"),
+            &["unsupported.example.com"],
+            json!([{"filters": [{"type": "ExtensionRef", "extensionRef": {"group": "example.com", "kind": "Thing", "name": "x"}}],
+                    "backendRefs": to("svc-0")}]),
         ),
         route("selector-denied", main("selected"), &[], json!([{"backendRefs": to("svc-0")}])),
         route("grpc-only-denied", main("grpc-only"), &[], json!([{"backendRefs": to("svc-0")}])),
@@ -587,7 +595,24 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         ("backendRef of an invalid kind", "GET", HTTP, "badkind.example.com", "/", vec![], "500"),
         ("all weights zero", "GET", HTTP, "filters.example.com", "/zero", vec![], "500"),
         ("rule without backendRefs", "GET", HTTP, "filters.example.com", "/nobackend", vec![], "500"),
-        ("refused route (RequestMirror) is not served", "GET", HTTP, "mirror.example.com", "/", vec![], "404"),
+        (
+            "refused route (an ExtensionRef filter) is not served",
+            "GET",
+            HTTP,
+            "unsupported.example.com",
+            "/",
+            vec![],
+            "404",
+        ),
+        (
+            "RequestMirror: the route's own backend answers",
+            "GET",
+            HTTP,
+            "mirror.example.com",
+            "/mirror-probe",
+            vec![],
+            "200 svc-0",
+        ),
         ("route of a kind the listener does not take", "GET", 18083, "any.example.com", "/", vec![], "404"),
         ("TCPRoute", "GET", TCP, "any.example.com", "/", vec![], "200 svc-2"),
     ];
@@ -597,6 +622,25 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         let shown = if shown.is_empty() { String::new() } else { format!(" [{}]", shown.join(", ")) };
         table.push(case, format!("{method} :{port} {host}{path}{shown}"), expected, outcome(&answer));
     }
+
+    // The mirror: a copy of /mirror-probe reached svc-1 (its log), sent by HAProxy itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mirrored = loop {
+        let log = std::fs::read_to_string(dir.join("backends.log")).unwrap_or_default();
+        if log.lines().any(|l| l.starts_with("svc-1: ") && l.contains("GET /mirror-probe ")) {
+            break "copy received".to_owned();
+        }
+        if Instant::now() > deadline {
+            break "no copy".to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    table.push(
+        "RequestMirror: the mirror backend gets a copy",
+        "GET mirror.example.com/mirror-probe",
+        "copy received",
+        mirrored,
+    );
 
     // gRPC: HTTP/2 in clear text from the client (prior knowledge) and to the backends.
     // (Over HTTP/2 the host is the URL's authority, so the name resolves to the frontend.)
@@ -767,11 +811,12 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         );
     }
     let attached = listener_status("http")["attachedRoutes"].as_i64().unwrap_or(-1);
-    // matching, catchall, xns-denied, xns-granted, filters, missing, badkind (mirror is refused).
+    // matching, catchall, xns-denied, xns-granted, filters, missing, badkind, grpc, mirror
+    // (unsupported is refused).
     table.push(
         "listener attachedRoutes (accepted routes only)",
         "Gateway main, listener http",
-        "8",
+        "9",
         attached.to_string(),
     );
     let second = status_of(&client, "Gateway", ns, "second").await?;
@@ -837,7 +882,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             "route with an unsupported filter is refused",
             "HTTPRoute",
             &namespace,
-            "mirror",
+            "unsupported",
             "Accepted",
             "Accepted=False UnsupportedValue",
         ),

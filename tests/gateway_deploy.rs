@@ -117,6 +117,9 @@ async fn gateway_api_route_and_weight_changes_reach_every_pod_without_a_reload()
     )
     .await?;
     let weights = |a: u32, b: u32| json!([{"backendRefs": [{"name": "s0", "port": 80, "weight": a}, {"name": "s1", "port": 80, "weight": b}]}]);
+    let mirror = json!([{"filters": [{"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "s1", "port": 80}}}],
+                         "backendRefs": to("s0")}]);
+    create(&client, "HTTPRoute", ns, route("mirrored", parent.clone(), &["mir.gw.example"], mirror)).await?;
     create(&client, "HTTPRoute", ns, route("split", parent.clone(), &["w.gw.example"], weights(1, 1))).await?;
 
     apply_library_config_for_pods_with(
@@ -137,6 +140,24 @@ async fn gateway_api_route_and_weight_changes_reach_every_pod_without_a_reload()
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     every_pod_answers(&http, env, "m.gw.example", "/a/x", &[], "backend=s0").await?;
     every_pod_answers(&http, env, "k1.gw.example", "/", &[], "backend=s1").await?;
+    // RequestMirror on every pod (HAProxy 2.8 and 2.6): the copy reaches s1 from each.
+    for pod in &env.pods {
+        let probe = format!("/probe-{}", pod.name);
+        ensure!(
+            answer(&http, pod, "mir.gw.example", &probe, &[]).await == "backend=s0",
+            "{} did not route the mirrored route",
+            pod.name
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = std::fs::read_to_string(work.path().join("backends.log")).unwrap_or_default();
+            if log.lines().any(|l| l.starts_with("s1: ") && l.contains(&format!("GET {probe} "))) {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "no mirrored copy of {probe} reached s1 from {}", pod.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let mut render = rendered(&controller)?;
     let before = reloads(env)?;
     let routes = api(&client, "HTTPRoute", ns);

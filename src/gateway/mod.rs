@@ -266,8 +266,10 @@ pub struct RuleBackend {
     pub rewrite_path: Option<PathRewrite>,
     /// `timeout server`, as a Gateway API duration.
     pub timeout: Option<String>,
-    /// Where copies of the requests go.
+    /// Where copies of the requests go (the Service's shared backend).
     pub mirror: Option<ServiceTarget>,
+    /// The share of requests copied, in parts per 10,000 (10,000: all).
+    pub mirror_share: u32,
 }
 
 /// A Service and its weight in a rule backend.

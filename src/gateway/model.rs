@@ -543,15 +543,25 @@ fn rule_target(
                 own.rewrite_path = rewrite.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?;
             }
             "RequestMirror" => {
-                // HAProxy has no mirroring of its own; until the library has one, a rule that
-                // asks for it is refused rather than served without its copies.
+                // Copies go out from the pod itself, without waiting (the library's gw-mirror.lua),
+                // to the mirror Service's shared backend.
                 let mirror = filter.request_mirror.as_ref().ok_or("a mirror has no settings")?;
-                if let Resolved::Service { namespace, name, port, .. } =
-                    resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref)
-                {
-                    own.mirror = Some(service_target(&namespace, &name, port));
+                match resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref) {
+                    Resolved::Service { namespace, name, port, .. } => {
+                        own.mirror = Some(service_target(&namespace, &name, port));
+                    }
+                    Resolved::Invalid(reason, message) => {
+                        unresolved.get_or_insert((reason, message));
+                    }
                 }
-                return Err("filter RequestMirror is not supported".into());
+                own.mirror_share = match (&mirror.percent, &mirror.fraction) {
+                    (Some(percent), _) => ((*percent).clamp(0, 100) * 100) as u32,
+                    (None, Some(fraction)) => {
+                        let denominator = fraction.denominator.unwrap_or(100).max(1);
+                        (fraction.numerator.clamp(0, denominator) * 10_000 / denominator) as u32
+                    }
+                    (None, None) => 10_000,
+                };
             }
             other => return Err(format!("filter {other} is not supported")),
         }

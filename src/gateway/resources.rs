@@ -372,10 +372,24 @@ pub struct PathModifier {
 /// `requestMirror`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
+#[serde(rename_all = "camelCase")]
 pub struct Mirror {
     /// The mirror's backend.
-    #[serde(rename = "backendRef")]
     pub backend_ref: BackendRef,
+    /// The share of requests copied, in percent (all when absent).
+    pub percent: Option<i64>,
+    /// The share of requests copied, as a fraction.
+    pub fraction: Option<Fraction>,
+}
+
+/// `numerator / denominator` (denominator 100 when absent).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Fraction {
+    /// Numerator.
+    pub numerator: i64,
+    /// Denominator.
+    pub denominator: Option<i64>,
 }
 
 /// `rule.timeouts`.
