@@ -20,10 +20,11 @@ use env::chart::haproxy_binaries;
 use env::controller::{ControllerProcess, Launch};
 use env::gateway::{GROUP, create, prefix, route, status_of, to};
 use env::standalone::{
-    Haproxy, apply_library_config_with, backend_host_address, install_render, service_with_endpoints,
+    Haproxy, apply_library_config_with, backend_host_address, ingress_to, install_render, service_with_endpoints,
     start_backend_specs,
 };
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use serde_json::{Value as Json, json};
 
@@ -425,6 +426,10 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
     )
     .await?;
 
+    // An Ingress beside the Gateway API, served by the same HAProxy.
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    ingresses.create(&PostParams::default(), &ingress_to("beside", "ingress.example.com", "svc-5")?).await?;
+
     let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
     let controller_dir = tempfile::tempdir()?;
     let journal = controller_dir.path().join("journal");
@@ -615,6 +620,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         ),
         ("route of a kind the listener does not take", "GET", 18083, "any.example.com", "/", vec![], "404"),
         ("TCPRoute", "GET", TCP, "any.example.com", "/", vec![], "200 svc-2"),
+        ("an Ingress served beside the Gateway API", "GET", 8080, "ingress.example.com", "/", vec![], "200 svc-5"),
     ];
     for (case, method, port, host, path, headers, expected) in cases {
         let answer = request(&http, method, port, host, path, &headers).await?;
@@ -921,6 +927,40 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             .unwrap_or_default();
         table.push(case, format!("{kind} {name}"), expected, condition(&parent["conditions"], condition_kind));
     }
+
+    // Status is written only when it changes: a render that changes nothing for the Gateway API
+    // (a Service nothing routes to) leaves every object's resourceVersion as it was.
+    let version = |object: &kube::api::DynamicObject| object.metadata.resource_version.clone().unwrap_or_default();
+    let watched = [("Gateway", "main"), ("HTTPRoute", "matching"), ("HTTPRoute", "filters"), ("TLSRoute", "pass")];
+    let mut before = Vec::new();
+    for (kind, name) in watched {
+        before.push(version(&env::gateway::api(&client, kind, ns).get(name).await?));
+    }
+    let renders = controller.renders().len();
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "unrelated"},
+            "spec": {"ports": [{"port": 80}]}}))?,
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while controller.renders().len() == renders {
+        ensure!(Instant::now() < deadline, "no render after a Service was added");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut after = Vec::new();
+    for (kind, name) in watched {
+        after.push(version(&env::gateway::api(&client, kind, ns).get(name).await?));
+    }
+    table.push(
+        "status not rewritten by a render that does not change it",
+        "resourceVersion of Gateway main, HTTPRoutes matching and filters, TLSRoute pass",
+        "unchanged",
+        if before == after { "unchanged".to_owned() } else { format!("{before:?} → {after:?}") },
+    );
 
     println!("\n| Case | Request | Expected | Got |\n|---|---|---|---|");
     for row in &table.rows {
