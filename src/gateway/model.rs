@@ -1327,3 +1327,208 @@ mod tests {
         assert_eq!(duration_ms("10x"), None);
     }
 }
+
+/// The model checked against the spec: HAProxy's evaluation of the model (listener, map lookups
+/// stage by stage, then the conditional rules in order) picks, for random routes and requests,
+/// the backend the Gateway API's precedence picks from all routes directly.
+#[cfg(test)]
+mod precedence {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    const HOSTS: [&str; 4] = ["a.example.com", "b.a.example.com", "c.example.com", "other.org"];
+    const ROUTE_HOSTS: [&str; 4] = ["a.example.com", "*.example.com", "*.a.example.com", "b.a.example.com"];
+    const PATHS: [&str; 4] = ["/", "/x", "/x/y", "/xy"];
+    const REQUEST_PATHS: [&str; 7] = ["/", "/x", "/x/", "/x/y", "/x/y/z", "/xy", "/xyz"];
+
+    #[derive(Clone, Debug)]
+    struct RuleSpec {
+        exact: bool,
+        path: usize,
+        header: bool,
+        post: bool,
+        service: usize,
+    }
+
+    #[derive(Clone, Debug)]
+    struct RouteSpec {
+        hosts: Vec<usize>,
+        rules: Vec<RuleSpec>,
+    }
+
+    fn rule_spec() -> impl Strategy<Value = RuleSpec> {
+        (any::<bool>(), 0..PATHS.len(), prop::bool::weighted(0.3), prop::bool::weighted(0.2), 0..6usize)
+            .prop_map(|(exact, path, header, post, service)| RuleSpec { exact, path, header, post, service })
+    }
+
+    fn route_spec() -> impl Strategy<Value = RouteSpec> {
+        (prop::collection::vec(0..ROUTE_HOSTS.len(), 0..3), prop::collection::vec(rule_spec(), 1..4))
+            .prop_map(|(hosts, rules)| RouteSpec { hosts, rules })
+    }
+
+    fn inputs(routes: &[RouteSpec]) -> Inputs {
+        let mut inputs = Inputs {
+            classes: vec![
+                serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"controllerName": "t"}})).unwrap(),
+            ],
+            gateways: vec![
+                serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": "gw"}, "spec": {
+                "gatewayClassName": "c", "listeners": [{"name": "web", "port": 80, "protocol": "HTTP"}]}}))
+                .unwrap(),
+            ],
+            ..Inputs::default()
+        };
+        for service in 0..6 {
+            let name = format!("s{service}");
+            let object = json!({"metadata": {"namespace": "ns", "name": name}, "spec": {"ports": [{"port": 80}]}});
+            inputs.services.insert(("ns".into(), name), serde_json::from_value(object).unwrap());
+        }
+        for (index, route) in routes.iter().enumerate() {
+            let mut hostnames: Vec<&str> = route.hosts.iter().map(|h| ROUTE_HOSTS[*h]).collect();
+            hostnames.dedup();
+            let rules: Vec<serde_json::Value> = route
+                .rules
+                .iter()
+                .map(|rule| {
+                    let mut m = json!({"path": {"type": if rule.exact { "Exact" } else { "PathPrefix" }, "value": PATHS[rule.path]}});
+                    if rule.header {
+                        m["headers"] = json!([{"name": "h", "value": "1"}]);
+                    }
+                    if rule.post {
+                        m["method"] = json!("POST");
+                    }
+                    json!({"matches": [m], "backendRefs": [{"name": format!("s{}", rule.service), "port": 80}]})
+                })
+                .collect();
+            let object = json!({"metadata": {"namespace": "ns", "name": format!("r{index}"),
+                                             "creationTimestamp": format!("2026-01-01T00:00:{:02}Z", index % 3)},
+                                "spec": {"parentRefs": [{"name": "gw"}], "hostnames": hostnames, "rules": rules}});
+            inputs.http_routes.push(serde_json::from_value(object).unwrap());
+        }
+        inputs
+    }
+
+    /// HAProxy's evaluation of the library's frontend for one request.
+    fn haproxy(frontend: &Frontend, host: &str, path: &str, header: bool, post: bool) -> String {
+        let listener = &frontend.listeners[0].id;
+        let exact: BTreeMap<&str, &str> =
+            frontend.exact_entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+        let prefixes: Vec<(&str, &str)> =
+            frontend.prefix_entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+        let levels = ["", "^[^.]*", "^[^.]*.[^.]*", "^[^.]*.[^.]*.[^.]*"];
+        let mut stages: Vec<String> = levels
+            .iter()
+            .map(|pattern| {
+                if pattern.is_empty() {
+                    host.to_owned()
+                } else {
+                    regex::Regex::new(pattern).unwrap().replace(host, "*").into_owned()
+                }
+            })
+            .collect();
+        stages.push(String::new());
+        let mut found: Option<String> = None;
+        for stage in &stages {
+            let key = format!("{listener}|{stage}{path}");
+            if let Some(value) = exact.get(key.as_str()) {
+                found = Some((*value).to_owned());
+                break;
+            }
+            let key = format!("{key}/");
+            // map_beg: the longest key the looked-up string starts with.
+            if let Some((_, value)) = prefixes.iter().filter(|(k, _)| key.starts_with(k)).max_by_key(|(k, _)| k.len()) {
+                found = Some((*value).to_owned());
+                break;
+            }
+        }
+        let mut chosen = found.unwrap_or_else(|| "-1:not_found".into());
+        for rule in &frontend.conditional {
+            let current: i64 = chosen.split(':').next().unwrap().parse().unwrap();
+            let host_ok = match rule.host_kind {
+                HostKind::Exact => rule.host.as_deref() == Some(host),
+                HostKind::Wildcard => host.ends_with(rule.suffix.as_deref().unwrap()),
+                HostKind::None => true,
+            };
+            let path_ok = match rule.path_kind {
+                "exact" => path == rule.path,
+                _ => format!("{path}/").starts_with(&rule.prefix_key),
+            };
+            let method_ok = rule.method.as_deref().is_none_or(|m| (m == "POST") == post);
+            let headers_ok = rule.headers.iter().all(|_| header);
+            if host_ok && path_ok && method_ok && headers_ok && rule.listener == *listener && current < rule.rank as i64
+            {
+                chosen = rule.value.clone();
+            }
+        }
+        chosen.split(':').nth(1).unwrap().to_owned()
+    }
+
+    /// The spec's criteria in order: hostname, path type, path length, method, header matches.
+    type Precedence = (u64, u8, usize, bool, usize);
+
+    /// The Gateway API's own answer: of every rule that matches, the one its precedence puts
+    /// first.
+    fn spec(routes: &[RouteSpec], host: &str, path: &str, header: bool, post: bool) -> String {
+        let mut order: Vec<usize> = (0..routes.len()).collect();
+        order.sort_by_key(|i| (i % 3, format!("r{i}")));
+        let mut best: Option<(Precedence, String)> = None;
+        for index in order {
+            let route = &routes[index];
+            let mut hostnames: Vec<Option<&str>> = route.hosts.iter().map(|h| Some(ROUTE_HOSTS[*h])).collect();
+            if hostnames.is_empty() {
+                hostnames.push(None);
+            }
+            for rule in &route.rules {
+                let rule_path = PATHS[rule.path];
+                let path_ok = if rule.exact {
+                    path == rule_path
+                } else {
+                    let trimmed = rule_path.trim_end_matches('/');
+                    path == trimmed || path.starts_with(&format!("{trimmed}/")) || trimmed.is_empty()
+                };
+                if !path_ok || (rule.header && !header) || (rule.post && !post) {
+                    continue;
+                }
+                for name in &hostnames {
+                    if !name.is_none_or(|n| hostnames::matches(n, host)) {
+                        continue;
+                    }
+                    let key = (
+                        hostnames::specificity(*name),
+                        if rule.exact { 2 } else { 1 },
+                        rule_path.trim_end_matches('/').len(),
+                        rule.post,
+                        usize::from(rule.header),
+                    );
+                    // Strictly better only: on ties the first (older route, earlier rule) stays.
+                    if best.as_ref().is_none_or(|(b, _)| key > *b) {
+                        best = Some((key, format!("ns_s{}_80", rule.service)));
+                    }
+                }
+            }
+        }
+        best.map_or_else(|| "not_found".into(), |(_, backend)| backend)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn maps_and_conditional_rules_choose_as_the_spec_orders(
+            routes in prop::collection::vec(route_spec(), 1..6),
+            requests in prop::collection::vec((0..HOSTS.len(), 0..REQUEST_PATHS.len(), any::<bool>(), any::<bool>()), 1..12),
+        ) {
+            let model = build(&GatewaySettings { controller_name: "t".into(), reserved_ports: vec![], addresses: vec![] }, &inputs(&routes));
+            let frontend = &model.frontends[0];
+            for (host, path, header, post) in requests {
+                let (host, path) = (HOSTS[host], REQUEST_PATHS[path]);
+                prop_assert_eq!(
+                    haproxy(frontend, host, path, header, post),
+                    spec(&routes, host, path, header, post),
+                    "{} {} header={} post={}", host, path, header, post
+                );
+            }
+        }
+    }
+}
