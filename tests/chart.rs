@@ -76,6 +76,41 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
     ensure!(pod["securityContext"]["runAsNonRoot"] == true, "controller runs as non-root");
     ensure!(pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] == true, "read-only root");
     ensure!(statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "journal", "journal PVC");
+    // The Gateway API: watched types, RBAC for their status, the GatewayClass; CRDs only when asked.
+    let gateway = render_chart("rel", "haptic-system", &["--set", "gatewayAPI.enabled=true"])?;
+    ensure!(kinds(&gateway).iter().any(|k| k == "GatewayClass"), "no GatewayClass: {:?}", kinds(&gateway));
+    ensure!(!kinds(&gateway).iter().any(|k| k == "Job"), "CRDs installed without being asked");
+    ensure!(!kinds(&plain).iter().any(|k| k == "GatewayClass"), "the Gateway API is on by default");
+    let config = gateway.iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("configuration")?;
+    ensure!(config["spec"]["gatewayAPI"]["controllerName"] == "haptic.dev/gateway-controller");
+    ensure!(config["spec"]["watchedResources"]["httproutes"]["kind"] == "HTTPRoute");
+    let status_rule = gateway
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+        .find(|rule| rule["resources"].as_array().is_some_and(|r| r.iter().any(|r| r == "httproutes/status")));
+    ensure!(status_rule.is_some_and(|rule| rule["verbs"].as_array().is_some_and(|v| v.iter().any(|v| v == "patch"))));
+    let with_crds = render_chart(
+        "rel",
+        "haptic-system",
+        &[
+            "--set",
+            "gatewayAPI.enabled=true",
+            "--set",
+            "gatewayAPI.installCRDs=true",
+            "--set",
+            "gatewayAPI.crds.channel=experimental",
+        ],
+    )?;
+    let job = with_crds.iter().find(|d| d["kind"] == "Job").context("the CRD Job")?;
+    let args = job["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    ensure!(
+        args.contains(
+            "https://github.com/kubernetes-sigs/gateway-api/releases/download/v1.6.3/experimental-install.yaml"
+        ),
+        "the Job applies {args}"
+    );
+    ensure!(job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade");
     let shaped = render_chart(
         "rel",
         "haptic-system",
