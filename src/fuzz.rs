@@ -262,6 +262,11 @@ fn haproxy_safe_filters_give_haproxy_exactly_the_value_or_refuse_it() {
         } else {
             prop_assert!(value.chars().any(char::is_control));
         }
+        // Log-format text: one word whose every `%` is doubled, so the log-format reader gives the
+        // value back and never starts a sample expression.
+        if let Ok(text) = filters::log_text(&value) {
+            prop_assert_eq!(haproxy_words(&format!("x {text}")), Ok(vec!["x".to_owned(), value.replace('%', "%%")]));
+        }
         let bare = |text: &str| -> bool {
             haproxy_words(&format!("x {text}")).is_ok_and(|words| words == ["x", text])
                 && !text.contains(['\n', '\r', '%', '$'])

@@ -215,7 +215,8 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             ("haproxy.paths.mirrorSocket", dir.join("gw-mirror.sock").display().to_string()),
             ("gatewayAPI.namespaces", both.clone()),
             ("config.watchedResources.services.namespaces", both.clone()),
-            ("config.watchedResources.endpoints.namespaces", both),
+            ("config.watchedResources.endpoints.namespaces", both.clone()),
+            ("config.watchedResources.secrets.namespaces", both),
         ],
     )
     .await?;
@@ -231,6 +232,19 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             "stringData": {"tls.crt": certificate, "tls.key": key}
         }))?;
         secrets.create(&PostParams::default(), &object).await?;
+    }
+
+    // A certificate in the other namespace, which the Gateway may use only with a ReferenceGrant.
+    let other_secrets: Api<Secret> = Api::namespaced(client.clone(), &other);
+    for secret in ["cross-tls", "cross-denied-tls"] {
+        let host = if secret == "cross-tls" { "cross.example.com" } else { "denied.example.com" };
+        let (certificate, key) = env::fixtures::self_signed(&dir, host, &["rsa:2048"])?;
+        pems.insert(format!("{other}_{secret}"), format!("{certificate}{key}"));
+        let object = serde_json::from_value(json!({
+            "metadata": {"name": secret}, "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": certificate, "tls.key": key}
+        }))?;
+        other_secrets.create(&PostParams::default(), &object).await?;
     }
 
     // The class, the Gateways and their listeners.
@@ -264,6 +278,10 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             listener("https", HTTPS, "HTTPS", json!({"hostname": "secure.example.com",
                 "tls": {"mode": "Terminate", "certificateRefs": [{"name": "secure-tls"}]}})),
             listener("https-bad", 18445, "HTTPS", json!({"tls": {"certificateRefs": [{"name": "no-such-secret"}]}})),
+            listener("https-cross", 18446, "HTTPS", json!({"hostname": "cross.example.com",
+                "tls": {"certificateRefs": [{"name": "cross-tls", "namespace": other}]}})),
+            listener("https-cross-denied", 18447, "HTTPS", json!({"hostname": "denied.example.com",
+                "tls": {"certificateRefs": [{"name": "cross-denied-tls", "namespace": other}]}})),
             listener("passthrough", PASSTHROUGH, "TLS", json!({"tls": {"mode": "Passthrough"}})),
             listener("tcp", TCP, "TCP", json!({})),
             listener("udp", 18600, "UDP", json!({})),
@@ -305,6 +323,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
                 {"matches": [{"path": {"type": "PathPrefix", "value": "/hre"}, "headers": [{"type": "RegularExpression", "name": "x-re", "value": "^v[0-9]$"}]}], "backendRefs": to("svc-2")},
                 {"matches": [{"headers": [header("x-a", "1"), header("x-b", "2")]}], "backendRefs": to("svc-0")},
                 {"matches": [{"headers": [header("x-a", "1")]}], "backendRefs": to("svc-1")},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/quoted"}, "headers": [header("x-q", "it's } || { always")]}], "backendRefs": to("svc-4")},
             ]),
         ),
         route("catchall", main("http"), &[], json!([{"matches": [prefix("/iso")], "backendRefs": to("svc-3")}])),
@@ -395,6 +414,22 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         json!({"metadata": {"name": "grant"}, "spec": {
         "from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": namespace}],
         "to": [{"group": "", "kind": "Service", "name": "svc-granted"}]}}),
+    )
+    .await?;
+    create(
+        &client,
+        "ReferenceGrant",
+        elsewhere,
+        json!({"metadata": {"name": "certificate"}, "spec": {
+        "from": [{"group": GROUP, "kind": "Gateway", "namespace": namespace}],
+        "to": [{"group": "", "kind": "Secret", "name": "cross-tls"}]}}),
+    )
+    .await?;
+    create(
+        &client,
+        "HTTPRoute",
+        ns,
+        route("cross-tls", main("https-cross"), &[], json!([{"backendRefs": to("svc-3")}])),
     )
     .await?;
     let method = |service: Option<&str>, name: Option<&str>| json!({"method": {"service": service, "method": name}});
@@ -499,6 +534,16 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             "200 svc-0",
         ),
         ("fewer header matches", "GET", HTTP, "match.example.com", "/", vec![("x-a", "1")], "200 svc-1"),
+        (
+            "a header value with quotes and braces matches literally",
+            "GET",
+            HTTP,
+            "match.example.com",
+            "/quoted",
+            vec![("x-q", "it's } || { always")],
+            "200 svc-4",
+        ),
+        ("... and nothing else", "GET", HTTP, "match.example.com", "/quoted", vec![("x-q", "it")], "200 svc-5"),
         ("listener hostname, route without hostnames", "GET", HTTP, "foo.example.com", "/", vec![], "200 svc-0"),
         (
             "hostname intersection: exact within wildcard listener",
@@ -732,6 +777,18 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         "https://secure.example.com:18443/",
         "200 svc-4",
         curl_https("secure.example.com", HTTPS, "/")?,
+    );
+    table.push(
+        "HTTPS certificate from another namespace, with ReferenceGrant",
+        "SNI cross.example.com :18446",
+        "CN = cross.example.com",
+        served_subject(18446, "cross.example.com")?,
+    );
+    table.push(
+        "HTTPS listener with a granted certificate routes",
+        "https://cross.example.com:18446/",
+        "200 svc-3",
+        curl_https("cross.example.com", 18446, "/")?,
     );
     table.push(
         "TLS passthrough: the backend's own certificate",

@@ -108,7 +108,8 @@ pub fn install_render(
             Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
         let (secret, pem) = pems
             .iter()
-            .find(|(secret, _)| file == format!("{namespace}_{secret}.pem"))
+            // A Secret of the test's namespace by its name; of another by `<namespace>_<name>`.
+            .find(|(secret, _)| file == format!("{namespace}_{secret}.pem") || file == format!("{secret}.pem"))
             .with_context(|| format!("{file} names no Secret of the test"))?;
         ensure!(
             !controller.render_dir.join("certs").join(&file).exists(),
