@@ -136,3 +136,29 @@ async fn back_to_back_reloads_all_take_on_every_pod() -> Result<()> {
     }
     Ok(())
 }
+
+/// A map whose last entry went is an empty file: v3.2.7 refuses a PUT without a body, so the
+/// client stores it afresh. Found when a test left a map with entries on the pods and the
+/// next one wanted it empty: every pod stayed Validating.
+#[tokio::test]
+async fn a_stored_map_can_become_empty_and_full_again() -> Result<()> {
+    use haptic::dataplane::StorageKind;
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let name = format!("emptied-{}.map", std::process::id());
+    for pod in &env.pods {
+        let dataplane = env.dataplane(pod);
+        dataplane.put_storage(StorageKind::Maps, &name, "a.example.com/ be_a\n", false).await?;
+        dataplane.put_storage(StorageKind::Maps, &name, "", true).await?;
+        ensure!(
+            dataplane.get_storage(StorageKind::Maps, &name).await?.as_deref() == Some(""),
+            "{}: not empty",
+            pod.name
+        );
+        dataplane.put_storage(StorageKind::Maps, &name, "b.example.com/ be_b\n", true).await?;
+        let stored = dataplane.get_storage(StorageKind::Maps, &name).await?;
+        ensure!(stored.as_deref() == Some("b.example.com/ be_b\n"), "{}: {stored:?}", pod.name);
+        dataplane.delete_storage(StorageKind::Maps, &name).await?;
+    }
+    Ok(())
+}

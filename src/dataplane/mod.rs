@@ -105,6 +105,9 @@ impl Access {
     }
 }
 
+/// How an empty map is stored when it replaces one with entries (see `put_storage`).
+const EMPTY_MAP_AS_STORED: &str = "\n";
+
 /// The kinds of auxiliary file storage the Dataplane API keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StorageKind {
@@ -582,6 +585,7 @@ impl DataplaneClient {
         let status = response.status();
         let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
         match status {
+            StatusCode::OK if kind == StorageKind::Maps && text == EMPTY_MAP_AS_STORED => Ok(Some(String::new())),
             StatusCode::OK => Ok(Some(text)),
             StatusCode::NOT_FOUND => Ok(None),
             _ => Err(self.unexpected(Method::GET, &path, status, &text)),
@@ -598,6 +602,11 @@ impl DataplaneClient {
         exists: bool,
     ) -> Result<(), DataplaneError> {
         let skip_reload = [("skip_reload", "true")];
+        // v3.2.7 refuses a PUT without a body ("data in body is required", 422), and will not
+        // delete a map the configuration names (409): a map whose last entry went is stored as
+        // one empty line, which HAProxy reads as no entry and `get_storage` gives back as empty.
+        let content =
+            if exists && kind == StorageKind::Maps && content.is_empty() { EMPTY_MAP_AS_STORED } else { content };
         let (method, path, request) = if exists {
             let path = format!("{}/{name}", kind.path());
             let request = match kind {
