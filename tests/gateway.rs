@@ -285,7 +285,8 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
             listener("passthrough", PASSTHROUGH, "TLS", json!({"tls": {"mode": "Passthrough"}})),
             listener("tcp", TCP, "TCP", json!({})),
             listener("udp", 18600, "UDP", json!({})),
-            listener("reserved", 8080, "HTTP", json!({})),
+            listener("reserved", 8443, "HTTP", json!({})),
+            listener("on-ingress-port", 8080, "HTTP", json!({"hostname": "merged.example.com"})),
             listener("grpc-only", 18083, "HTTP", json!({"allowedRoutes": {"kinds": [{"kind": "GRPCRoute"}]}})),
             listener("bad-kinds", 18084, "HTTP", json!({"allowedRoutes": {"kinds": [{"kind": "TCPRoute"}]}})),
         ]}}),
@@ -391,6 +392,12 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         route("selector-denied", main("selected"), &[], json!([{"backendRefs": to("svc-0")}])),
         route("grpc-only-denied", main("grpc-only"), &[], json!([{"backendRefs": to("svc-0")}])),
         route("secure-route", main("https"), &[], json!([{"backendRefs": to("svc-4")}])),
+        route(
+            "merged",
+            main("on-ingress-port"),
+            &[],
+            json!([{"matches": [prefix("/gw")], "backendRefs": to("svc-1")}]),
+        ),
     ];
     for object in routes {
         create(&client, "HTTPRoute", ns, object).await?;
@@ -666,6 +673,24 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
         ("route of a kind the listener does not take", "GET", 18083, "any.example.com", "/", vec![], "404"),
         ("TCPRoute", "GET", TCP, "any.example.com", "/", vec![], "200 svc-2"),
         ("an Ingress served beside the Gateway API", "GET", 8080, "ingress.example.com", "/", vec![], "200 svc-5"),
+        (
+            "an HTTP listener on the Ingress port, its route",
+            "GET",
+            8080,
+            "merged.example.com",
+            "/gw/x",
+            vec![],
+            "200 svc-1",
+        ),
+        (
+            "an HTTP listener on the Ingress port leaves the rest to Ingress routing",
+            "GET",
+            8080,
+            "merged.example.com",
+            "/other",
+            vec![],
+            "404",
+        ),
     ];
     for (case, method, port, host, path, headers, expected) in cases {
         let answer = request(&http, method, port, host, path, &headers).await?;

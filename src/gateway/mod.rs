@@ -56,6 +56,11 @@ pub struct GatewaySettings {
     /// Ingress frontends, the health port): such a listener is refused with `PortUnavailable`.
     #[serde(default)]
     pub reserved_ports: Vec<u16>,
+    /// The port of the configuration's own HTTP frontend (the Ingress routes'): HTTP listeners
+    /// on it are served in that frontend, their routes before the Ingress routes (a request no
+    /// Gateway API route takes goes on to them); other protocols are refused there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_http_port: Option<u16>,
     /// Addresses written into Gateways' `status.addresses` (the HAProxy Service's, say);
     /// the HAProxy pods' IPs when empty.
     #[serde(default)]
@@ -139,6 +144,8 @@ pub struct Frontend {
     pub conditional: Vec<ConditionalRule>,
     /// TCP: the backend of the route that serves the port.
     pub tcp_backend: Option<String>,
+    /// Served inside the configuration's own HTTP frontend (`spec.gatewayAPI.sharedHttpPort`).
+    pub shared: bool,
 }
 
 /// A Secret by namespace and name.

@@ -147,7 +147,13 @@ fn judge_listeners<'a>(
                 state.refused =
                     Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
             }
-            if state.port == 0 || settings.reserved_ports.contains(&state.port) {
+            // The shared port takes HTTP listeners only; other reserved ports take none.
+            let taken = if settings.shared_http_port == Some(state.port) {
+                state.protocol != Some(Protocol::Http)
+            } else {
+                settings.reserved_ports.contains(&state.port)
+            };
+            if state.port == 0 || taken {
                 state.refused = Some((
                     "PortUnavailable",
                     format!("port {} is taken by the rest of the configuration", listener.port),
@@ -749,6 +755,7 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
             prefix_entries: Vec::new(),
             conditional: Vec::new(),
             tcp_backend: None,
+            shared: settings.shared_http_port == Some(state.port),
         });
         frontend.listeners.push(ListenerModel {
             id: state.id.clone(),
@@ -1118,7 +1125,12 @@ mod tests {
     use super::*;
 
     fn settings() -> GatewaySettings {
-        GatewaySettings { controller_name: "haptic.dev/test".into(), reserved_ports: vec![8080], addresses: vec![] }
+        GatewaySettings {
+            controller_name: "haptic.dev/test".into(),
+            reserved_ports: vec![8080],
+            shared_http_port: None,
+            addresses: vec![],
+        }
     }
 
     fn inputs(gateways: serde_json::Value, routes: serde_json::Value) -> Inputs {
@@ -1244,6 +1256,31 @@ mod tests {
         assert_eq!(reason("e", "Accepted"), (false, "UnsupportedProtocol"));
         assert_eq!((conditions[0].status, conditions[0].reason), (true, "ListenersNotValid"));
         assert_eq!(model.frontends.len(), 1);
+    }
+
+    #[test]
+    fn http_listeners_share_the_ingress_port_and_other_protocols_are_refused_there() {
+        let settings = GatewaySettings { shared_http_port: Some(8080), ..settings() };
+        let model = build(
+            &settings,
+            &inputs(
+                gateway(json!([
+                    {"name": "web", "port": 8080, "protocol": "HTTP", "hostname": "a.example.com"},
+                    {"name": "raw", "port": 8080, "protocol": "TCP"},
+                ])),
+                json!([]),
+            ),
+        );
+        assert_eq!(model.frontends.len(), 1);
+        assert!(model.frontends[0].shared);
+        let gateway = model.status.iter().find(|s| s.kind == "Gateway").expect("gateway status");
+        let Body::Gateway { listeners, .. } = &gateway.body else { panic!() };
+        let accepted = |name: &str| {
+            let l = listeners.iter().find(|l| l.name == name).expect("listener");
+            l.conditions.iter().find(|c| c.kind == "Accepted").map(|c| (c.status, c.reason)).expect("condition")
+        };
+        assert_eq!(accepted("web"), (true, "Accepted"));
+        assert_eq!(accepted("raw"), (false, "PortUnavailable"));
     }
 
     #[test]
@@ -1519,7 +1556,7 @@ mod precedence {
             routes in prop::collection::vec(route_spec(), 1..6),
             requests in prop::collection::vec((0..HOSTS.len(), 0..REQUEST_PATHS.len(), any::<bool>(), any::<bool>()), 1..12),
         ) {
-            let model = build(&GatewaySettings { controller_name: "t".into(), reserved_ports: vec![], addresses: vec![] }, &inputs(&routes));
+            let model = build(&GatewaySettings { controller_name: "t".into(), reserved_ports: vec![], shared_http_port: None, addresses: vec![] }, &inputs(&routes));
             let frontend = &model.frontends[0];
             for (host, path, header, post) in requests {
                 let (host, path) = (HOSTS[host], REQUEST_PATHS[path]);
