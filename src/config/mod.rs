@@ -48,6 +48,26 @@ pub struct HAProxyTemplateConfigSpec {
     /// Gateway API objects' status. Off when absent.
     #[serde(default, rename = "gatewayAPI", skip_serializing_if = "Option::is_none")]
     pub gateway_api: Option<crate::gateway::GatewaySettings>,
+    /// Write `status.loadBalancer` of the Ingresses this configuration serves (the leader
+    /// does). Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_status: Option<IngressStatusSettings>,
+}
+
+/// Which Ingresses get `status.loadBalancer`, and what it says.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressStatusSettings {
+    /// The IngressClass served: Ingresses naming it (`spec.ingressClassName` or the
+    /// `kubernetes.io/ingress.class` annotation).
+    #[schemars(length(min = 1))]
+    pub ingress_class: String,
+    /// Also Ingresses naming no class.
+    #[serde(default)]
+    pub default_class: bool,
+    /// The addresses written (IPs, or hostnames); the HAProxy pods' IPs when empty.
+    #[serde(default)]
+    pub addresses: Vec<String>,
 }
 
 /// One watched resource type.

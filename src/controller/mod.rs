@@ -7,6 +7,7 @@
 
 mod deploy;
 mod gateway_status;
+mod ingress_status;
 mod output;
 mod status;
 
@@ -329,9 +330,10 @@ pub async fn run(
                 let span = reconcile_span(&triggers, active.generation);
                 let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
                 let files = match rendered {
-                    Ok((files, refused)) => {
+                    Ok((files, refused, ingresses)) => {
                         if writes_status(*leadership.borrow(), &journal) {
                             status.announce_refusals(refused).await;
+                            ingress_status::write(&client, ingresses).await;
                         }
                         files
                     }
@@ -558,12 +560,13 @@ async fn render(
     triggers: Vec<Trigger>,
     sink: &RenderSink,
     max_left_out: usize,
-) -> Result<(crate::files::FileSet, Vec<status::Refusal>), String> {
+) -> Result<(crate::files::FileSet, Vec<status::Refusal>, Vec<ingress_status::IngressStatusChange>), String> {
     let renderer = active.renderer.clone();
     let stores = active.watches.snapshot();
     let stores_before = stores.clone();
     let started = std::time::Instant::now();
     let pods = active.watches.pods();
+    let pod_ips: Vec<String> = pods.iter().map(|pod| pod.ip.clone()).filter(|ip| !ip.is_empty()).collect();
     let span = info_span!(
         "render",
         haptic.files = Empty,
@@ -607,7 +610,14 @@ async fn render(
             }
             sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
             let refused = left_out.iter().filter_map(|error| status::Refusal::of(&stores_before, error)).collect();
-            Ok((files, refused))
+            let ingresses = match &active.spec.ingress_status {
+                Some(settings) => {
+                    let offenders: Vec<_> = left_out.iter().filter_map(|e| e.offending_object().cloned()).collect();
+                    ingress_status::changes(&stores_before, settings, &pod_ips, &offenders)
+                }
+                None => Vec::new(),
+            };
+            Ok((files, refused, ingresses))
         }
         Ok(Err(error)) => {
             error!(%error, "render failed; the last good files stay in force");
