@@ -51,7 +51,9 @@ async fn served_ingresses_carry_the_load_balancer_address_and_others_do_not() ->
     ingresses.create(&PostParams::default(), &ingress_to("served", "served.example.com", "svc")?).await?;
     ingresses.create(&PostParams::default(), &ingress_to("moving", "moving.example.com", "svc")?).await?;
     let mut other = ingress_to("other", "other.example.com", "svc")?;
-    other.spec.as_mut().map(|spec| spec.ingress_class_name = Some("nginx".into()));
+    if let Some(spec) = other.spec.as_mut() {
+        spec.ingress_class_name = Some("nginx".into());
+    }
     ingresses.create(&PostParams::default(), &other).await?;
     let hostile: Ingress = serde_json::from_value(json!({
         "metadata": {"name": "hostile"},
