@@ -16,11 +16,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use env::chart::haproxy_binaries;
-use env::controller::{ControllerProcess, Launch};
-use env::gateway::{GROUP, create, prefix, route, status_of, to};
+use env::gateway::{GROUP, create, gateway_class, prefix, route, status_of, to};
 use env::standalone::{
-    Haproxy, apply_library_config_with, backend_host_address, ingress_to, install_render, service_with_endpoints,
+    apply_library_config_with, backend_host_address, ingress_to, render_into_haproxy, service_with_endpoints,
     start_backend_specs,
 };
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -248,14 +246,7 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
     }
 
     // The class, the Gateways and their listeners.
-    let class = format!("haptic-{namespace}");
-    create(
-        &client,
-        "GatewayClass",
-        None,
-        json!({"metadata": {"name": class}, "spec": {"controllerName": controller_name}}),
-    )
-    .await?;
+    let class = gateway_class(&client, &namespace, &controller_name).await?;
     let ns = Some(namespace.as_str());
     let listener = |name: &str, port: u16, protocol: &str, extra: Json| {
         let mut l = json!({"name": name, "port": port, "protocol": protocol});
@@ -472,18 +463,11 @@ async fn the_gateway_api_library_serves_the_conformance_cases_through_real_hapro
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     ingresses.create(&PostParams::default(), &ingress_to("beside", "ingress.example.com", "svc-5")?).await?;
 
-    let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
-    let controller_dir = tempfile::tempdir()?;
-    let journal = controller_dir.path().join("journal");
-    let controller = ControllerProcess::launch(env, &namespace, "haptic", controller_dir, &journal, &launch)?;
-    controller
-        .wait_for_config("the Gateway API render", Duration::from_secs(60), |cfg| {
+    let (controller, haproxy) =
+        render_into_haproxy(env, &namespace, &dir, &pems, FRONTEND, "the Gateway API render", |cfg| {
             cfg.contains("frontend gw_18500") && cfg.contains("default_backend be_tcp_")
         })
         .await?;
-    install_render(&controller, &dir, &namespace, &pems)?;
-    let haproxy_binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
-    let haproxy = Haproxy::start(&haproxy_binary, &dir, FRONTEND)?;
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use env::controller::{ControllerProcess, every_pod_runs_next_render, rendered};
-use env::gateway::{api, create, prefix, route, to};
+use env::gateway::{api, create, gateway_class, prefix, route, to};
 use env::standalone::{
     apply_library_config_for_pods_with, backend_host_address, library_namespace, service_with_endpoints, start_backends,
 };
@@ -81,15 +81,8 @@ async fn gateway_api_route_and_weight_changes_reach_every_pod_without_a_reload()
     }
 
     let controller_name = format!("haptic.dev/{namespace}");
-    let class = format!("haptic-{namespace}");
     let ns = Some(namespace.as_str());
-    create(
-        &client,
-        "GatewayClass",
-        None,
-        json!({"metadata": {"name": class}, "spec": {"controllerName": controller_name}}),
-    )
-    .await?;
+    let class = gateway_class(&client, &namespace, &controller_name).await?;
     create(
         &client,
         "Gateway",

@@ -17,10 +17,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use env::chart::haproxy_binaries;
-use env::controller::{ControllerProcess, Launch};
 use env::standalone::{
-    Haproxy, apply_library_config, backend_host_address, install_render, service_with_endpoints, start_backends,
+    apply_library_config, backend_host_address, install_render, render_into_haproxy, service_with_endpoints,
+    start_backends,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -230,19 +229,12 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
         ingresses.create(&PostParams::default(), &ingress).await?;
     }
 
-    let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
-    let controller_dir = tempfile::tempdir()?;
-    let journal = controller_dir.path().join("journal");
-    let controller = ControllerProcess::launch(env, &namespace, "haptic", controller_dir, &journal, &launch)?;
-    controller
-        .wait_for_config("the library's render", Duration::from_secs(60), |cfg| {
+    let (controller, haproxy) =
+        render_into_haproxy(env, &namespace, &dir, &pems, FRONTEND, "the library's render", |cfg| {
             // The last Ingress created has a backend of its own (it has settings).
             cfg.contains("backend be_") && cfg.contains("_balanced\n")
         })
         .await?;
-    install_render(&controller, &dir, &namespace, &pems)?;
-    let haproxy_binary = haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
-    let haproxy = Haproxy::start(&haproxy_binary, &dir, FRONTEND)?;
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use tracing::{debug, warn};
 
-use crate::gateway::resources::GROUP;
+use crate::gateway::resources::api_resource as resource;
 use crate::gateway::status::{Body, ObjectStatus, StatusSet, without_times};
 
 type Key = (&'static str, String, String);
@@ -19,18 +19,6 @@ pub(super) struct GatewayStatusWriter {
     written: BTreeMap<Key, ObjectStatus>,
     /// The last set asked for, kept to retry what failed.
     pending: Option<StatusSet>,
-}
-
-fn resource(kind: &str) -> ApiResource {
-    let lower = kind.to_ascii_lowercase();
-    let plural = if lower.ends_with('s') { format!("{lower}es") } else { format!("{lower}s") };
-    ApiResource {
-        group: GROUP.into(),
-        version: "v1".into(),
-        api_version: format!("{GROUP}/v1"),
-        kind: kind.into(),
-        plural,
-    }
 }
 
 impl GatewayStatusWriter {

@@ -48,15 +48,27 @@ pub fn changes(
     let mut out = Vec::new();
     for store in stores.values().filter(|store| store.kind() == "Ingress") {
         for object in store.iter() {
-            let Ok(ingress) = serde_json::to_value(&object.value) else { continue };
-            let class = ingress["spec"]["ingressClassName"]
-                .as_str()
-                .or_else(|| ingress["metadata"]["annotations"]["kubernetes.io/ingress.class"].as_str())
+            // Read from the stored template value: no copy of each Ingress on every render.
+            let at = |path: &[&str]| {
+                let mut value = object.value.clone();
+                for key in path {
+                    value = value.get_attr(key).ok().filter(|v| !v.is_undefined() && !v.is_none())?;
+                }
+                Some(value)
+            };
+            let class = at(&["spec", "ingressClassName"])
+                .or_else(|| {
+                    at(&["metadata", "annotations"])
+                        .and_then(|a| a.get_item(&"kubernetes.io/ingress.class".into()).ok())
+                })
+                .and_then(|class| class.as_str().map(str::to_owned))
                 .unwrap_or_default();
             let of_class = class == settings.ingress_class || (class.is_empty() && settings.default_class);
             let served = of_class && !left_out.contains(&object.reference);
-            let current: Vec<Json> =
-                ingress["status"]["loadBalancer"]["ingress"].as_array().cloned().unwrap_or_default();
+            let current: Vec<Json> = at(&["status", "loadBalancer", "ingress"])
+                .and_then(|list| serde_json::to_value(&list).ok())
+                .and_then(|list| list.as_array().cloned())
+                .unwrap_or_default();
             let wanted = if served {
                 ours.clone()
             } else if !current.is_empty() && current == ours {

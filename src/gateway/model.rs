@@ -583,7 +583,6 @@ fn rule_target(
         }
     }
     let mut valid = Vec::new();
-    let mut any_invalid = false;
     for backend in &rule.backend_refs {
         match resolve(inputs, ctx.kind, &meta.namespace, backend) {
             Resolved::Service { namespace, name, port, weight, h2c } => {
@@ -600,7 +599,6 @@ fn rule_target(
                 }
             }
             Resolved::Invalid(reason, message) => {
-                any_invalid = true;
                 unresolved.get_or_insert((reason, message));
             }
         }
@@ -610,7 +608,6 @@ fn rule_target(
     }
     if valid.is_empty() {
         // No backend to send to: the spec's 500 (also for a rule with only invalid references).
-        let _ = any_invalid;
         return Ok(RuleTarget { backend: INVALID_BACKEND.into(), own: None, shared: None });
     }
     if valid.len() > 1 {

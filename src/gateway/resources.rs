@@ -9,6 +9,20 @@ use serde::Deserialize;
 /// The API group of the Gateway API.
 pub const GROUP: &str = "gateway.networking.k8s.io";
 
+/// The API resource of a Gateway API kind at `v1` (plurals are the lowercase kind plus `s`, or
+/// `es` after an `s`: `gatewayclasses`, `httproutes`).
+pub fn api_resource(kind: &str) -> kube::api::ApiResource {
+    let lower = kind.to_ascii_lowercase();
+    let plural = if lower.ends_with('s') { format!("{lower}es") } else { format!("{lower}s") };
+    kube::api::ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: kind.into(),
+        plural,
+    }
+}
+
 /// `metadata` of any object.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]

@@ -102,14 +102,8 @@ const NOISE_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configu
 const GATEWAY_API_KINDS: &[&str] =
     &["GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "ReferenceGrant"];
 
-/// Removes fields that change on every write but mean nothing to templates. The status of
-/// Gateway API objects goes too: haptic writes it, and its own writes must not call for renders.
+/// Removes fields that change on every write but mean nothing to templates.
 pub fn strip_noise(object: &mut Json) {
-    if object.get("apiVersion").and_then(Json::as_str).is_some_and(|v| v.starts_with("gateway.networking.k8s.io/"))
-        && let Some(map) = object.as_object_mut()
-    {
-        map.remove("status");
-    }
     let Some(metadata) = object.get_mut("metadata").and_then(Json::as_object_mut) else { return };
     for field in NOISE_METADATA {
         metadata.remove(*field);

@@ -1,18 +1,11 @@
 //! Gateway API objects for tests: created through the API server as the CRDs define them.
 
 use anyhow::{Context, Result};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use haptic::gateway::resources::api_resource as resource;
+use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value as Json, json};
 
-/// The Gateway API's group.
-pub const GROUP: &str = "gateway.networking.k8s.io";
-
-/// The API resource of a Gateway API kind (v1).
-pub fn resource(kind: &str) -> ApiResource {
-    let lower = kind.to_ascii_lowercase();
-    let plural = if lower.ends_with('s') { format!("{lower}es") } else { format!("{lower}s") };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1", kind), &plural)
-}
+pub use haptic::gateway::resources::GROUP;
 
 /// The objects of a Gateway API kind, in a namespace or (cluster-scoped kinds) everywhere.
 pub fn api(client: &kube::Client, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -53,4 +46,13 @@ pub fn prefix(path: &str) -> Json {
 /// An object's `status`.
 pub async fn status_of(client: &kube::Client, kind: &str, namespace: Option<&str>, name: &str) -> Result<Json> {
     Ok(api(client, kind, namespace).get(name).await?.data.get("status").cloned().unwrap_or_default())
+}
+
+/// Creates the GatewayClass `haptic-<namespace>` of `controller_name` (cluster-scoped, so named
+/// after the test's namespace) and gives its name.
+pub async fn gateway_class(client: &kube::Client, namespace: &str, controller_name: &str) -> Result<String> {
+    let class = format!("haptic-{namespace}");
+    let object = json!({"metadata": {"name": class}, "spec": {"controllerName": controller_name}});
+    create(client, "GatewayClass", None, object).await?;
+    Ok(class)
 }

@@ -308,3 +308,26 @@ async fn apply_chart_config(
     configs.patch("haptic", &PatchParams::apply("haptic-tests"), &Patch::Apply(&config)).await?;
     Ok(())
 }
+
+/// Launches the real controller (render only) on `namespace`'s configuration `haptic`, waits
+/// for a render `done` accepts (`what` names it in the error), installs it under `dir` with
+/// the certificates of `pems`, and starts HAProxy 2.8 on exactly those files at `frontend`.
+pub async fn render_into_haproxy(
+    env: &super::Manifest,
+    namespace: &str,
+    dir: &Path,
+    pems: &BTreeMap<String, String>,
+    frontend: &str,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> Result<(ControllerProcess, Haproxy)> {
+    let launch = super::controller::Launch { args: vec!["--render-only".into()], ..Default::default() };
+    let controller_dir = tempfile::tempdir()?;
+    let journal = controller_dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, namespace, "haptic", controller_dir, &journal, &launch)?;
+    controller.wait_for_config(what, Duration::from_secs(60), done).await?;
+    install_render(&controller, dir, namespace, pems)?;
+    let binary = super::chart::haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
+    let haproxy = Haproxy::start(&binary, dir, frontend)?;
+    Ok((controller, haproxy))
+}
