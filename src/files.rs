@@ -100,6 +100,16 @@ impl fmt::Debug for RenderedFile {
     }
 }
 
+/// Password hashes (the crypt(3) forms HAProxy's userlists take: `$1$`, `$5$`, `$6$`, `$2a$`,
+/// `$2b$`, `$2y$`, `$y$`) replaced by `<redacted>`: what the HTTP API, the render directory and
+/// error messages show of a configuration whose userlists hold basic-auth users.
+pub fn redact_password_hashes(text: &str) -> std::borrow::Cow<'_, str> {
+    static HASH: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\$(?:1|5|6|2[aby]|y)\$[A-Za-z0-9./$=]+").expect("a valid pattern")
+    });
+    HASH.replace_all(text, "<redacted>")
+}
+
 /// Everything one render produces for the fleet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileSet {
@@ -151,6 +161,14 @@ mod tests {
         };
         let names: Vec<_> = set.entries().map(|(name, _)| name).collect();
         assert_eq!(names, ["haproxy.cfg", "maps/host.map", "files/500.http", "certs/web_shop.pem"]);
+    }
+
+    #[test]
+    fn password_hashes_are_redacted_and_nothing_else() {
+        let config = "userlist ul\n    user alice password $6$abc$Id.W/K=x\n    user bob password $2y$05$abcdefghij\n    http-request set-path /a$1\n";
+        let shown = redact_password_hashes(config);
+        assert!(!shown.contains("$6$abc") && !shown.contains("$2y$05"), "{shown}");
+        assert!(shown.contains("user alice password <redacted>") && shown.contains("set-path /a$1"), "{shown}");
     }
 
     #[test]

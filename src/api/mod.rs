@@ -351,7 +351,9 @@ async fn config_file(State(state): State<ApiState>, Path(name): Path<String>) ->
             error(StatusCode::FORBIDDEN, format!("{name} holds a private key and is not served"))
         }
         Some((_, file)) => {
-            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], file.content.clone()).into_response()
+            // Basic-auth password hashes in userlists are the cluster's secrets: shown redacted.
+            let shown = crate::files::redact_password_hashes(&file.content).into_owned();
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], shown).into_response()
         }
         None => error(StatusCode::NOT_FOUND, format!("no rendered file {name}")),
     }

@@ -74,7 +74,7 @@ impl RenderSink {
 
 fn write_render(dir: &Path, files: &FileSet, record: &RenderRecord<'_>) -> std::io::Result<()> {
     // Certificates carry private keys: renders.log lists their checksums, their content stays
-    // with the pods.
+    // with the pods. Basic-auth password hashes are written redacted.
     for (relative, file) in files.entries().filter(|(_, file)| !file.sensitive) {
         let path = dir.join(&relative);
         if let Some(parent) = path.parent() {
@@ -82,7 +82,7 @@ fn write_render(dir: &Path, files: &FileSet, record: &RenderRecord<'_>) -> std::
         }
         // Write then rename, so a reader never sees half a file.
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &file.content)?;
+        std::fs::write(&tmp, crate::files::redact_password_hashes(&file.content).as_bytes())?;
         std::fs::rename(&tmp, &path)?;
     }
     let mut log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("renders.log"))?;

@@ -254,7 +254,8 @@ impl StoredConfig {
 pub fn error_message(body: &str) -> String {
     let message =
         serde_json::from_str::<ErrorAnswer>(body).map(|e| e.message).unwrap_or_else(|_| body.trim().to_owned());
-    cut(message, MESSAGE_LIMIT)
+    // HAProxy's output may quote a userlist line: its password hash stays out of logs and Events.
+    cut(crate::files::redact_password_hashes(&message).into_owned(), MESSAGE_LIMIT)
 }
 
 /// Longest error message kept from an answer.
@@ -264,6 +265,7 @@ const EXCERPT_LIMIT: usize = 256;
 
 /// The start of an answer, quoted, for a parse error: enough to recognise it, never all of it.
 fn excerpt(body: &str) -> String {
+    let body = &*crate::files::redact_password_hashes(body);
     if body.len() <= EXCERPT_LIMIT {
         format!("{body:?}")
     } else {

@@ -55,6 +55,16 @@ pub(crate) fn blame_field(field: &str) {
     OFFENDER.with(|blamed| *blamed.borrow_mut() = Some(offender));
 }
 
+/// `refuse(object, field, message)`: refuses `object` (its `field` blamed) with the library's
+/// own message, for what no filter sees: a Secret an annotation names that does not exist.
+pub(crate) fn refuse(object: &Value, field: &str, message: &str) -> Error {
+    // Touching the object makes it the one blamed.
+    let _ = object.get_attr("metadata");
+    blame_field(field);
+    let message: String = message.chars().filter(|c| !c.is_control()).collect();
+    Error::new(ErrorKind::InvalidOperation, message)
+}
+
 /// The object blamed for a refused value during this render.
 pub(crate) fn offender() -> Option<Offender> {
     OFFENDER.with(|offender| offender.borrow().clone())
@@ -285,6 +295,8 @@ pub(crate) struct Shared {
     collectors: std::sync::Mutex<std::collections::BTreeMap<String, Value>>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
+    /// General files registered by functions (`ca_file(...)`), by file name.
+    files: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// Server slots of every backend, as this render assigns them.
     slots: std::sync::Mutex<crate::plan::slots::Slots>,
 }
@@ -320,6 +332,18 @@ impl Shared {
         if let Ok(mut certs) = self.certs.lock() {
             certs.entry(name).or_insert_with(|| crate::files::RenderedFile::sensitive(pem));
         }
+    }
+
+    /// Registers a general file of this render (the same name twice keeps one).
+    pub(crate) fn add_file(&self, name: String, content: String) {
+        if let Ok(mut files) = self.files.lock() {
+            files.entry(name).or_insert_with(|| crate::files::RenderedFile::new(content));
+        }
+    }
+
+    /// The general files registered so far.
+    pub(crate) fn files(&self) -> std::collections::BTreeMap<String, crate::files::RenderedFile> {
+        self.files.lock().map(|files| files.clone()).unwrap_or_default()
     }
 
     /// The certificates registered so far.

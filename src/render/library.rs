@@ -165,7 +165,11 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
         .as_ref()
         .and_then(|m| attr(m, "annotations"))
         .and_then(|annotations| annotations.try_iter().ok())
-        .is_some_and(|mut keys| keys.any(|key| key.as_str().is_some_and(|k| k.starts_with("haptic.dev/"))));
+        .is_some_and(|mut keys| {
+            keys.any(|key| {
+                key.as_str().is_some_and(|k| k.starts_with("haptic.dev/") || super::annotations::is_setting(k))
+            })
+        });
     let mut routes = Vec::new();
     let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
     for (rule_index, rule) in rules.iter().flat_map(|r| r.try_iter().ok()).flatten().enumerate() {
@@ -265,6 +269,120 @@ pub(crate) fn tls_certificate(secret: &Value) -> Result<(String, String), Error>
     }
     let file = super::filters::map_key(&format!("{namespace}_{name}.pem"))?;
     Ok((file, pem))
+}
+
+/// The data of a Secret, decoded, by key; errors blame the Secret's `data` and never quote it.
+fn secret_data(secret: &Value, function: &str) -> Result<(String, Vec<(String, String)>), Error> {
+    use base64::Engine as _;
+    if secret.is_undefined() || secret.is_none() {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("{function}: no such Secret (is it watched?)")));
+    }
+    let metadata = attr(secret, "metadata");
+    let field = |name: &str| metadata.as_ref().and_then(|m| attr(m, name)).map(|v| v.to_string()).unwrap_or_default();
+    let label = format!("{}/{}", field("namespace"), field("name"));
+    let refuse = |why: String| {
+        super::context::blame_field("data");
+        Error::new(ErrorKind::InvalidOperation, format!("{function}: Secret {label} {why}"))
+    };
+    let data = attr(secret, "data").ok_or_else(|| refuse("has no data".into()))?;
+    let mut entries = Vec::new();
+    for key in data.try_iter().map_err(|_| refuse("has no data".into()))? {
+        let name = key.as_str().unwrap_or_default().to_owned();
+        let encoded = data.get_item(&key).map(|v| v.to_string()).unwrap_or_default();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .map_err(|_| refuse(format!("has a {name} that is not base64")))?;
+        let text = String::from_utf8(bytes).map_err(|_| refuse(format!("has a {name} that is not text")))?;
+        entries.push((name, text));
+    }
+    Ok((label, entries))
+}
+
+/// `ca_file(secret)`: the certificates (only those: never a key) of a Secret's `ca.crt` (else
+/// `tls.crt`), as a general file `ca_<namespace>_<name>.pem`; gives that name. A CA bundle is
+/// public, so it travels as a plain file, not with the private keys.
+pub(crate) fn ca_bundle(secret: &Value) -> Result<(String, String), Error> {
+    let (label, entries) = secret_data(secret, "ca_file")?;
+    let refuse = |why: &str| {
+        super::context::blame_field("data");
+        Error::new(ErrorKind::InvalidOperation, format!("ca_file: Secret {label} {why}"))
+    };
+    let text = ["ca.crt", "tls.crt"]
+        .iter()
+        .find_map(|wanted| entries.iter().find(|(key, _)| key == wanted).map(|(_, text)| text))
+        .ok_or_else(|| refuse("has neither ca.crt nor tls.crt"))?;
+    let mut bundle = String::new();
+    let mut inside = false;
+    for line in text.lines().map(str::trim) {
+        if line == "-----BEGIN CERTIFICATE-----" {
+            inside = true;
+        }
+        if inside {
+            bundle.push_str(line);
+            bundle.push('\n');
+        }
+        if line == "-----END CERTIFICATE-----" {
+            inside = false;
+        }
+    }
+    if bundle.is_empty() || inside {
+        return Err(refuse("holds no complete PEM certificate"));
+    }
+    let file = super::filters::map_key(&format!("ca_{}.pem", label.replace('/', "_")))?;
+    Ok((file, bundle))
+}
+
+/// `basic_auth_users(secret)`: `[user, password hash]` pairs from a Secret, in either peer's
+/// form: an `auth` key holding htpasswd lines (`user:hash`, haproxy-ingress), or one key per user
+/// holding its hash (haproxytech). Hashes must be crypt(3) forms HAProxy checks (`$5$`, `$6$`,
+/// `$2b$`/`$2y$`, `$y$`, `$1$`); htpasswd's default `$apr1$` is not one, and is refused.
+pub(crate) fn basic_auth_users(secret: &Value) -> Result<Value, Error> {
+    let (label, entries) = secret_data(secret, "basic_auth_users")?;
+    let refuse = |why: &str| {
+        super::context::blame_field("data");
+        Error::new(ErrorKind::InvalidOperation, format!("basic_auth_users: Secret {label} {why}"))
+    };
+    let pairs: Vec<(String, String)> = match entries.iter().find(|(key, _)| key == "auth") {
+        Some((_, htpasswd)) => htpasswd
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(|line| {
+                line.split_once(':')
+                    .map(|(u, h)| (u.to_owned(), h.to_owned()))
+                    .ok_or_else(|| refuse("has an auth line that is not user:hash"))
+            })
+            .collect::<Result<_, _>>()?,
+        None => entries.iter().map(|(user, hash)| (user.clone(), hash.trim().to_owned())).collect(),
+    };
+    let user_ok =
+        |u: &str| !u.is_empty() && u.len() <= 64 && u.chars().all(|c| c.is_ascii_alphanumeric() || "._-@".contains(c));
+    let hash_ok = |h: &str| {
+        ["$1$", "$5$", "$6$", "$2a$", "$2b$", "$2y$", "$y$"].iter().any(|p| h.starts_with(p))
+            && h.len() <= 256
+            && h.chars().all(|c| c.is_ascii_alphanumeric() || "./$=".contains(c))
+    };
+    let mut users = Vec::new();
+    for (user, hash) in pairs {
+        if !user_ok(&user) {
+            return Err(refuse("has a user name that is not letters, digits and ._-@"));
+        }
+        if hash.starts_with("$apr1$") {
+            return Err(refuse(
+                "has an $apr1$ hash (htpasswd's default), which HAProxy cannot check: use htpasswd -B, or mkpasswd -m sha-512",
+            ));
+        }
+        if !hash_ok(&hash) {
+            return Err(refuse(
+                "has a password that is not a crypt(3) hash HAProxy checks ($5$, $6$, $2b$, $2y$, $y$)",
+            ));
+        }
+        users.push(Value::from(vec![Value::from_safe_string(user), Value::from_safe_string(hash)]));
+    }
+    if users.is_empty() {
+        return Err(refuse("names no user"));
+    }
+    Ok(Value::from(users))
 }
 
 /// Slots added at a time when a backend runs out: ten servers at once (dynamic servers, added

@@ -6,6 +6,7 @@
 //! byte-for-byte deterministic: stores hand objects out in (namespace, name) order whatever the
 //! order their events arrived in.
 
+mod annotations;
 mod context;
 pub(crate) mod filters;
 mod library;
@@ -212,6 +213,9 @@ impl Renderer {
             library::endpoints(&slices, port_name.as_ref())
         });
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
+        env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>| {
+            annotations::ingress_settings(&ingress, snippets.unwrap_or(false))
+        });
         env.add_function(
             "server_slots",
             |state: &minijinja::State,
@@ -239,7 +243,22 @@ impl Renderer {
         env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
             library::service_endpoints(&service, &port, &slices)
         });
+        env.add_function("refuse", |object: Value, field: &str, message: &str| -> Result<Value, minijinja::Error> {
+            Err(context::refuse(&object, field, message))
+        });
+        env.add_function("basic_auth_users", |secret: Value| library::basic_auth_users(&secret));
         let dirs = &spec.dataplane;
+        let general_dir = dirs.general_dir.trim_end_matches('/').to_owned();
+        env.add_function("ca_file", move |state: &minijinja::State, secret: Value| {
+            let (name, pem) = library::ca_bundle(&secret)?;
+            let shared = state.lookup("shared").ok_or_else(|| {
+                minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "ca_file needs the render's shared state")
+            })?;
+            if let Some(shared) = shared.downcast_object_ref::<context::Shared>() {
+                shared.add_file(name.clone(), pem);
+            }
+            vetted(filters::bare_word(&format!("{general_dir}/{name}")))
+        });
         let certs_dir = dirs.certs_dir.trim_end_matches('/').to_owned();
         env.add_function("tls_certificate", move |state: &minijinja::State, secret: Value| {
             let (name, pem) = library::tls_certificate(&secret)?;
@@ -377,6 +396,9 @@ impl Renderer {
         }
         let shared = shared.downcast_object_ref::<context::Shared>();
         let certs = shared.map(context::Shared::certs).unwrap_or_default();
+        for (name, file) in shared.map(context::Shared::files).unwrap_or_default() {
+            files.entry(name).or_insert(file);
+        }
         if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
             *kept = shared.slots();
         }

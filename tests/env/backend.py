@@ -9,7 +9,11 @@ holding a certificate and its key, that backend serves HTTPS with it)
   GET /stream?seconds=N -> a chunked answer with one line every 200 ms for N seconds
                            (a long-lived connection that must survive runtime changes)
   GET /slow?seconds=N   -> waits N seconds, then answers as /anything (for server timeouts)
+  GET /healthz          -> 200 "ok", or 503 while a file NAME.sick exists in the directory
+                           $HAPTIC_BACKEND_STATE names (a health check a test can fail)
 """
+
+import os
 
 import ssl
 import sys
@@ -28,6 +32,15 @@ def handler_for(name: str):
             url = urlparse(self.path)
             if url.path == "/stream":
                 return self.stream(float(parse_qs(url.query).get("seconds", ["10"])[0]))
+            if url.path == "/healthz":
+                state = os.environ.get("HAPTIC_BACKEND_STATE", "")
+                sick = bool(state) and os.path.exists(os.path.join(state, f"{name}.sick"))
+                body = b"sick\n" if sick else b"ok\n"
+                self.send_response(503 if sick else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return None
             if url.path == "/slow":
                 time.sleep(float(parse_qs(url.query).get("seconds", ["1"])[0]))
             lines = [f"backend={name} path={url.path} host={self.headers.get('Host', '')}"]
@@ -40,7 +53,16 @@ def handler_for(name: str):
             self.end_headers()
             self.wfile.write(body)
 
-        do_POST = do_GET  # noqa: N815 - the stdlib's naming
+        def do_POST(self):  # noqa: N802 - the stdlib's naming
+            # The body is read (and counted) so the connection stays usable.
+            length = int(self.headers.get("Content-Length", "0") or "0")
+            if length:
+                self.rfile.read(length)
+            return self.do_GET()
+
+        def do_OPTIONS(self):  # noqa: N802 - the stdlib's naming
+            return self.do_GET()
+
         do_PUT = do_GET  # noqa: N815
         do_DELETE = do_GET  # noqa: N815
 

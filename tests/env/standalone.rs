@@ -141,6 +141,8 @@ pub fn start_backend_specs(dir: &Path, specs: &[String]) -> Result<Process> {
         .args(["netns", "exec", &host.namespace, "python3"])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/backend.py"))
         .args(specs)
+        // `<dir>/<name>.sick` fails that backend's /healthz.
+        .env("HAPTIC_BACKEND_STATE", dir)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("backends.log"))?)
         .spawn()
@@ -284,7 +286,8 @@ async fn apply_chart_config(
         ("config.watchedResources.ingresses.namespaces", only_here.clone()),
         ("config.watchedResources.services.namespaces", only_here.clone()),
         ("config.watchedResources.endpoints.namespaces", only_here.clone()),
-        ("config.watchedResources.secrets.namespaces", only_here),
+        ("config.watchedResources.secrets.namespaces", only_here.clone()),
+        ("config.watchedResources.opaquesecrets.namespaces", only_here),
     ];
     values.extend(placement.iter().cloned());
     let sets: Vec<String> = values.iter().map(|(key, value)| format!("{key}={value}")).collect();
