@@ -237,7 +237,7 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool) -> Result<Value,
     if let Some(annotations) = annotations {
         for key in annotations.try_iter().into_iter().flatten() {
             let Some(name) = key.as_str() else { continue };
-            if is_setting(name)
+            if (is_setting(name) || is_refused(name))
                 && let Ok(value) = annotations.get_item(&key)
             {
                 found.insert(name.to_owned(), value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string()));
@@ -245,6 +245,20 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool) -> Result<Value,
         }
     }
     read(&found, snippets).map(Settings::into_value).map_err(AnnotationError::into_render_error)
+}
+
+/// Peers' annotations haptic does not support whose absence would leave an Ingress less protected
+/// (or served other than asked) than its author meant: an Ingress carrying one is refused rather
+/// than served without it.
+const REFUSED_PEER_KEYS: &[&str] =
+    &["auth-url", "oauth", "auth-tls-secret", "auth-tls-verify-client", "waf", "ssl-passthrough"];
+
+/// Whether `name` is one of the peers' annotations that refuse an Ingress (see [`REFUSED_PEER_KEYS`]).
+fn is_refused(name: &str) -> bool {
+    ["haproxy-ingress.github.io/", "ingress.kubernetes.io/", "haproxy.org/", "haproxy.com/"]
+        .iter()
+        .filter_map(|prefix| name.strip_prefix(prefix))
+        .any(|key| REFUSED_PEER_KEYS.contains(&key))
 }
 
 /// Every annotation name of a setting, in precedence order, with the setting it belongs to.
@@ -278,6 +292,60 @@ pub(crate) fn is_setting(name: &str) -> bool {
     NAMES.iter().any(|(known, _)| known == name)
 }
 
+#[cfg(test)]
+impl Kind {
+    /// The kind in words, for the documentation.
+    fn describe(self) -> String {
+        match self {
+            Kind::Bool => "true / false".into(),
+            Kind::Duration => "HAProxy time (`30s`, `500ms`)".into(),
+            Kind::Seconds => "seconds, or a time (`1h`)".into(),
+            Kind::Count(bound) => format!("1 to {bound}"),
+            Kind::Status(codes) => codes.iter().map(u16::to_string).collect::<Vec<_>>().join(", "),
+            Kind::OneOf(words) => words.join(", "),
+            Kind::Cidrs => "addresses and networks, comma-separated".into(),
+            Kind::SecretName => "a Secret of the Ingress's namespace".into(),
+            Kind::Token => "a cookie name".into(),
+            Kind::Path => "a URL path (no `%`)".into(),
+            Kind::Url => "an http(s) URL".into(),
+            Kind::HostPort => "host[:port]".into(),
+            Kind::Text => "text (no `%`)".into(),
+            Kind::TokenList => "names, comma-separated, or `*`".into(),
+            Kind::Headers => "`Name: value` or `Name value` lines".into(),
+            Kind::HeaderNames => "header names, comma-separated".into(),
+            Kind::Size => "bytes, `k`/`m`/`g` suffix, or `unlimited`".into(),
+            Kind::Rewrite => "`replacement` or `regex replacement`".into(),
+            Kind::Snippet => "HAProxy lines for the backend (only with `allowSnippets`)".into(),
+        }
+    }
+}
+
+/// The settings as a Markdown table (docs/annotations.md holds exactly this).
+#[cfg(test)]
+fn markdown_table() -> String {
+    let mut table = String::from(
+        "| Setting | Value | haptic.dev/ | haproxy-ingress (`haproxy-ingress.github.io/`, `ingress.kubernetes.io/`) | haproxytech (`haproxy.org/`, `haproxy.com/`, `ingress.kubernetes.io/`) |\n|---|---|---|---|---|\n",
+    );
+    let names = |keys: &[&str]| {
+        if keys.is_empty() {
+            "—".to_owned()
+        } else {
+            keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+        }
+    };
+    for setting in SETTINGS {
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            setting.key,
+            setting.kind.describe(),
+            names(setting.haptic.as_slice()),
+            names(setting.haproxy_ingress),
+            names(setting.haproxytech),
+        ));
+    }
+    table
+}
+
 /// What `ingress_settings` found: every setting set, checked, by key, and the annotation each
 /// was read from.
 #[derive(Debug, Default)]
@@ -304,6 +372,14 @@ impl Settings {
 /// Reads every setting from `annotations` (name → value), first name in precedence order.
 /// `snippets` says whether the configuration allows raw snippets.
 pub(crate) fn read(annotations: &BTreeMap<String, String>, snippets: bool) -> Result<Settings, AnnotationError> {
+    if let Some(name) = annotations.keys().find(|name| is_refused(name)) {
+        return Err(AnnotationError {
+            name: name.clone(),
+            why:
+                "haptic does not support this annotation, and serving the Ingress without it would not be what it asks"
+                    .into(),
+        });
+    }
     let mut settings = Settings::default();
     for setting in SETTINGS {
         let Some((name, value)) = annotation_names(setting)
@@ -676,10 +752,28 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_protection_haptic_lacks_refuses_the_ingress() {
+        for name in ["haproxy-ingress.github.io/auth-url", "ingress.kubernetes.io/oauth", "haproxy.org/ssl-passthrough"]
+        {
+            let error = read(&annotations(&[(name, "x")]), false).expect_err(name);
+            assert_eq!(error.name, name);
+        }
+        assert!(read(&annotations(&[("haproxy-ingress.github.io/maxconn-server", "10")]), false).is_ok());
+    }
+
+    #[test]
     fn unlimited_body_size_is_no_setting() {
         let settings =
             read(&annotations(&[("haproxy-ingress.github.io/proxy-body-size", "unlimited")]), false).expect("valid");
         assert!(get(&settings, "proxy-body-size").is_none());
+    }
+
+    #[test]
+    fn docs_annotations_md_lists_every_setting_as_the_code_reads_it() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/annotations.md"))
+            .expect("docs/annotations.md");
+        let table = markdown_table();
+        assert!(doc.contains(&table), "docs/annotations.md must hold this table (regenerate it):\n{table}");
     }
 
     #[test]
