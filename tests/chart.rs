@@ -281,6 +281,7 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
     };
     let ns = Some(namespace.as_str());
     let secret = format!("{fullname}-dataplane");
+    let tcp_services = format!("{fullname}-tcp-services");
     let allowed = [
         ("list", "networking.k8s.io", "ingresses", None, None, None),
         ("watch", "networking.k8s.io", "ingresses", None, None, None),
@@ -297,6 +298,9 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         ("create", "coordination.k8s.io", "leases", ns, None, None),
         ("patch", "coordination.k8s.io", "leases", ns, Some(fullname.as_str()), None),
         ("create", "events.k8s.io", "events", ns, None, None),
+        // The TCP services ConfigMap, by name only (a list or watch with a metadata.name selector).
+        ("list", "", "configmaps", ns, Some(tcp_services.as_str()), None),
+        ("watch", "", "configmaps", ns, Some(tcp_services.as_str()), None),
         // A refused Ingress gets its Event in its own namespace.
         ("create", "events.k8s.io", "events", Some("team-b"), None, None),
         // The HTTP API checks its readers' tokens.
@@ -321,6 +325,7 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         ("patch", "coordination.k8s.io", "leases", ns, Some("kube-controller-manager"), None),
         ("create", "rbac.authorization.k8s.io", "clusterroles", None, None, None),
         ("list", "", "configmaps", ns, None, None),
+        ("get", "", "configmaps", ns, Some("kube-root-ca.crt"), None),
     ];
     for (verb, group, resource, ns, name, sub) in denied {
         ensure!(

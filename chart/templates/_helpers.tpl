@@ -55,8 +55,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- /* Every watched resource: config.watchedResources, plus the Gateway API's types when
 gatewayAPI.enabled (the aliases the Gateway API model reads, src/gateway). config.yaml and
 rbac.yaml both use this list, so what is watched is exactly what may be read. */ -}}
+{{- define "haptic.tcpServicesConfigMap" -}}
+{{- printf "%s-tcp-services" (include "haptic.fullname" .) -}}
+{{- end -}}
+
 {{- define "haptic.watchedResources" -}}
 {{- $all := deepCopy .Values.config.watchedResources -}}
+{{- /* The TCP services ConfigMap (tcpServices), by name, in the release's namespace. */ -}}
+{{- $_ := set $all "tcpservices" (dict "apiVersion" "v1" "kind" "ConfigMap" "resource" "configmaps" "namespaces" (list .Release.Namespace) "fieldSelector" (printf "metadata.name=%s" (include "haptic.tcpServicesConfigMap" .)) "indexBy" (list "metadata.namespace" "metadata.name")) -}}
 {{- if .Values.gatewayAPI.enabled -}}
 {{- $gateway := dict -}}
 {{- range $alias, $kind := dict "gatewayclasses" "GatewayClass" "gateways" "Gateway" "httproutes" "HTTPRoute" "grpcroutes" "GRPCRoute" "tlsroutes" "TLSRoute" "tcproutes" "TCPRoute" "referencegrants" "ReferenceGrant" -}}

@@ -93,6 +93,7 @@ const ERROR_CODES: &[u16] = &[400, 403, 404, 405, 408, 410, 429, 500, 502, 503, 
 
 /// Every setting the default library reads, in the order its documentation lists them.
 pub(crate) static SETTINGS: &[Setting] = &[
+    setting("ssl-passthrough", Kind::Bool, Some("ssl-passthrough"), &["ssl-passthrough"], &["ssl-passthrough"]),
     setting("ssl-redirect", Kind::Bool, Some("ssl-redirect"), &["ssl-redirect"], &["ssl-redirect"]),
     setting(
         "ssl-redirect-code",
@@ -250,8 +251,17 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool) -> Result<Value,
 /// Peers' annotations haptic does not support whose absence would leave an Ingress less protected
 /// (or served other than asked) than its author meant: an Ingress carrying one is refused rather
 /// than served without it.
-const REFUSED_PEER_KEYS: &[&str] =
-    &["auth-url", "oauth", "auth-tls-secret", "auth-tls-verify-client", "waf", "ssl-passthrough"];
+const REFUSED_PEER_KEYS: &[&str] = &["auth-url", "oauth", "auth-tls-secret", "auth-tls-verify-client", "waf"];
+
+/// The names of the ssl-passthrough setting, which decides where an Ingress's routes go (the TLS
+/// frontend, not the HTTP maps) and so is read with the routes.
+pub(crate) const PASSTHROUGH_NAMES: &[&str] = &[
+    "haptic.dev/ssl-passthrough",
+    "haproxy-ingress.github.io/ssl-passthrough",
+    "ingress.kubernetes.io/ssl-passthrough",
+    "haproxy.org/ssl-passthrough",
+    "haproxy.com/ssl-passthrough",
+];
 
 /// Whether `name` is one of the peers' annotations that refuse an Ingress (see [`REFUSED_PEER_KEYS`]).
 fn is_refused(name: &str) -> bool {
@@ -774,6 +784,12 @@ mod tests {
             .expect("docs/annotations.md");
         let table = markdown_table();
         assert!(doc.contains(&table), "docs/annotations.md must hold this table (regenerate it):\n{table}");
+    }
+
+    #[test]
+    fn the_passthrough_names_are_the_settings_names() {
+        let setting = SETTINGS.iter().find(|s| s.key == "ssl-passthrough").expect("ssl-passthrough");
+        assert_eq!(annotation_names(setting), PASSTHROUGH_NAMES);
     }
 
     #[test]

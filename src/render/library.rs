@@ -101,6 +101,8 @@ struct Route {
     service: Value,
     id: Value,
     backend: Value,
+    /// Whether its Ingress asks for SSL passthrough (TLS to the Service by SNI, not terminated).
+    passthrough: bool,
 }
 
 impl Object for Route {
@@ -119,6 +121,7 @@ impl Object for Route {
             "service" => self.service.clone(),
             "id" => self.id.clone(),
             "backend" => self.backend.clone(),
+            "passthrough" => Value::from(self.passthrough),
             _ => return None,
         })
     }
@@ -138,6 +141,7 @@ impl Object for Route {
             "service",
             "id",
             "backend",
+            "passthrough",
         ])
     }
 }
@@ -161,6 +165,13 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
     let namespace = text(metadata.as_ref().and_then(|m| attr(m, "namespace")));
     let name = text(metadata.as_ref().and_then(|m| attr(m, "name")));
     let (namespace_value, name_value) = (Value::from(namespace.as_str()), Value::from(name.as_str()));
+    let annotations = metadata.as_ref().and_then(|m| attr(m, "annotations"));
+    let passthrough = annotations.as_ref().is_some_and(|annotations| {
+        super::annotations::PASSTHROUGH_NAMES.iter().any(|name| {
+            annotations.get_attr(name).ok().and_then(|v| v.as_str().map(|v| v.trim().eq_ignore_ascii_case("true")))
+                == Some(true)
+        })
+    });
     let own_backends = metadata
         .as_ref()
         .and_then(|m| attr(m, "annotations"))
@@ -207,6 +218,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 service,
                 id: Value::from(id),
                 backend: Value::from(backend),
+                passthrough,
             }));
         }
     }
@@ -383,6 +395,70 @@ pub(crate) fn basic_auth_users(secret: &Value) -> Result<Value, Error> {
         return Err(refuse("names no user"));
     }
     Ok(Value::from(users))
+}
+
+/// `tcp_services(configmap, taken_ports)`: the TCP services a ConfigMap names, in the peers'
+/// form: each key a port HAProxy listens on (not one of `taken_ports`), each value
+/// `<namespace>/<service>:<port>` (the Service's port number or name). Sorted by port.
+///
+/// An entry that does not fit fails the render, naming the ConfigMap and the entry: the
+/// ConfigMap is the operator's, and leaving it out would drop every TCP service, so the pods
+/// keep the last good configuration until it is fixed.
+pub(crate) fn tcp_services(configmap: &Value, taken_ports: &[u16]) -> Result<Value, Error> {
+    if configmap.is_undefined() || configmap.is_none() {
+        return Ok(Value::from(Vec::<Value>::new()));
+    }
+    let Some(data) = attr(configmap, "data") else { return Ok(Value::from(Vec::<Value>::new())) };
+    let label = |key: &str| key.chars().filter(|c| c.is_ascii_alphanumeric()).take(8).collect::<String>();
+    let metadata = attr(configmap, "metadata");
+    let field = |name: &str| metadata.as_ref().and_then(|m| attr(m, name)).map(|v| v.to_string()).unwrap_or_default();
+    let where_ = format!("{}/{}", field("namespace"), field("name"));
+    let mut services = Vec::new();
+    for key in
+        data.try_iter().map_err(|_| Error::new(ErrorKind::InvalidOperation, "tcp_services: data is not a map"))?
+    {
+        let name = key.as_str().unwrap_or_default().to_owned();
+        let value = data.get_item(&key).map(|v| v.to_string()).unwrap_or_default();
+        let refuse = |why: &str| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tcp_services: ConfigMap {where_}, entry {}: {why}", label(&name)),
+            )
+        };
+        let port =
+            name.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| refuse("the key is not a port number"))?;
+        if taken_ports.contains(&port) {
+            return Err(refuse("the port is one HAProxy already serves (HTTP, HTTPS, health or metrics)"));
+        }
+        let (target, service_port) =
+            value.trim().rsplit_once(':').ok_or_else(|| refuse("the value is not namespace/service:port"))?;
+        let (namespace, service) =
+            target.split_once('/').ok_or_else(|| refuse("the value is not namespace/service:port"))?;
+        let label_ok = |part: &str| {
+            !part.is_empty()
+                && part.len() <= 63
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        };
+        if !label_ok(namespace) || !label_ok(service) || !label_ok(service_port) {
+            return Err(refuse("the value is not namespace/service:port"));
+        }
+        // As an Ingress backend names a Service port (what service_endpoints takes).
+        let service_port = match service_port.parse::<u16>() {
+            Ok(number) => Value::from(std::collections::BTreeMap::from([("number", Value::from(number))])),
+            Err(_) => Value::from(std::collections::BTreeMap::from([("name", Value::from(service_port))])),
+        };
+        let mut entry = std::collections::BTreeMap::new();
+        entry.insert("port", Value::from(port));
+        entry.insert("namespace", Value::from(namespace));
+        entry.insert("service", Value::from(service));
+        entry.insert("service_port", service_port);
+        entry.insert("backend", Value::from_safe_string(format!("tcp_{port}_{namespace}_{service}")));
+        services.push((port, Value::from(entry)));
+    }
+    services.sort_by_key(|(port, _)| *port);
+    Ok(Value::from(services.into_iter().map(|(_, entry)| entry).collect::<Vec<_>>()))
 }
 
 /// Slots added at a time when a backend runs out: ten servers at once (dynamic servers, added

@@ -247,6 +247,9 @@ impl Renderer {
             Err(context::refuse(&object, field, message))
         });
         env.add_function("basic_auth_users", |secret: Value| library::basic_auth_users(&secret));
+        env.add_function("tcp_services", |configmap: Value, taken: Option<Vec<u16>>| {
+            library::tcp_services(&configmap, &taken.unwrap_or_default())
+        });
         let dirs = &spec.dataplane;
         let general_dir = dirs.general_dir.trim_end_matches('/').to_owned();
         env.add_function("ca_file", move |state: &minijinja::State, secret: Value| {
