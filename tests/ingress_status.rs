@@ -7,7 +7,7 @@ mod env;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, Launch};
 use env::standalone::{apply_library_config_with, ingress_to};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -74,9 +74,9 @@ async fn served_ingresses_carry_the_load_balancer_address_and_others_do_not() ->
     let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
     let controller_dir = tempfile::tempdir()?;
     let journal = controller_dir.path().join("journal");
-    let _controller = ControllerProcess::launch(env, &namespace, "haptic", controller_dir, &journal, &launch)?;
+    let controller = ControllerProcess::launch(env, &namespace, "haptic", controller_dir, &journal, &launch)?;
 
-    wait_for(&ingresses, "served", &[ADDRESS]).await?;
+    wait_for(&ingresses, "served", &[ADDRESS]).await.with_context(|| controller.log_tail())?;
     wait_for(&ingresses, "moving", &[ADDRESS]).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     ensure!(addresses(&ingresses, "other").await?.is_empty(), "an Ingress of another class got an address");
@@ -87,5 +87,136 @@ async fn served_ingresses_carry_the_load_balancer_address_and_others_do_not() ->
     ingresses.patch("moving", &PatchParams::default(), &Patch::Merge(&patch)).await?;
     wait_for(&ingresses, "moving", &[]).await?;
     ensure!(addresses(&ingresses, "served").await? == [ADDRESS], "the served Ingress lost its address");
+    Ok(())
+}
+
+/// The field managers that wrote an Ingress's status (`haptic@<replica>` for haptic's writes).
+async fn status_writers(ingresses: &Api<Ingress>, name: &str) -> Result<Vec<String>> {
+    let ingress = ingresses.get(name).await?;
+    Ok(ingress
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|entry| entry.subresource.as_deref() == Some("status"))
+        .filter_map(|entry| entry.manager)
+        .collect())
+}
+
+fn replica(identity: &str, lease: &str) -> Launch {
+    Launch {
+        args: [
+            "--leader-election-lease",
+            lease,
+            "--leader-election-identity",
+            identity,
+            "--lease-duration-seconds",
+            "6",
+            "--lease-grace-seconds",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Launch::default()
+    }
+}
+
+async fn leads(api: &str) -> bool {
+    let Ok(answer) = reqwest::get(format!("{api}/metrics")).await else { return false };
+    let text = answer.text().await.unwrap_or_default();
+    text.lines().any(|line| line.trim_end() == "haptic_leader 1")
+}
+
+/// Two replicas: only the leader writes `status.loadBalancer`, with the HAProxy Service's
+/// load-balancer address, on the Ingresses of its class and on class-less ones, since the
+/// IngressClass carries the default-class annotation; when it goes, the next leader writes. The
+/// IngressClass's parameters are the Ingresses' defaults.
+#[tokio::test]
+async fn only_the_leader_writes_the_haproxy_services_address() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    env::chart::apply_chart_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "status-leader").await?;
+    let work = tempfile::tempdir()?;
+    let class = format!("{namespace}-class");
+    // The HAProxy Service the chart makes (release "lead": lead-haptic-haproxy), its address
+    // given as a cloud's load balancer would.
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), &namespace);
+    let service = serde_json::from_value(json!({
+        "metadata": {"name": "lead-haptic-haproxy"},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80}]}
+    }))?;
+    services.create(&PostParams::default(), &service).await?;
+    let published = json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.9"}]}}});
+    services.patch_status("lead-haptic-haproxy", &PatchParams::default(), &Patch::Merge(&published)).await?;
+    // The class, marked the cluster's default (IngressClasses are cluster-wide: one per test).
+    let classes: Api<k8s_openapi::api::networking::v1::IngressClass> = Api::all(client.clone());
+    let ingress_class = serde_json::from_value(json!({
+        "metadata": {"name": class, "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}},
+        "spec": {"controller": "haptic.dev/ingress-controller", "parameters": {
+            "kind": "ConfigMap", "name": "lead-haptic-class-parameters",
+            "namespace": namespace, "scope": "Namespace"}}
+    }))?;
+    classes.create(&PostParams::default(), &ingress_class).await?;
+    // Its parameters: defaults for every Ingress of the class (as ingressClass.parameters makes them).
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let parameters = serde_json::from_value(json!({
+        "metadata": {"name": "lead-haptic-class-parameters"}, "data": {"timeout-server": "42s"}
+    }))?;
+    configmaps.create(&PostParams::default(), &parameters).await?;
+
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let mut served = ingress_to("served", "served.example.com", "svc")?;
+    served.spec.as_mut().context("spec")?.ingress_class_name = Some(class.clone());
+    ingresses.create(&PostParams::default(), &served).await?;
+    let mut classless = ingress_to("classless", "classless.example.com", "svc")?;
+    classless.spec.as_mut().context("spec")?.ingress_class_name = None;
+    ingresses.create(&PostParams::default(), &classless).await?;
+    // Deploying replicas (no pod matches, so nothing is deployed), with the Dataplane credentials.
+    env::fixtures::dataplane_secret(&client, &namespace, "admin", "status-secret").await?;
+    let values = [("ingressClass.name", class.clone()), ("haproxy.dataplane.existingSecret", "dataplane".to_owned())];
+    apply_library_config_with(&client, &namespace, "lead", "127.1.3.4", work.path(), &values).await?;
+
+    let lease = format!("{namespace}-lease");
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (journal_a, journal_b) = (dir_a.path().join("journal"), dir_b.path().join("journal"));
+    let a = ControllerProcess::launch(env, &namespace, "haptic", dir_a, &journal_a, &replica("replica-a", &lease))?;
+    let api_a = a.api_url().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !leads(&api_a).await {
+        ensure!(Instant::now() < deadline, "replica A did not lead\n{}", a.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = ControllerProcess::launch(env, &namespace, "haptic", dir_b, &journal_b, &replica("replica-b", &lease))?;
+    let api_b = b.api_url().await?;
+
+    wait_for(&ingresses, "served", &["203.0.113.9"]).await?;
+    wait_for(&ingresses, "classless", &["203.0.113.9"]).await?;
+    // B runs the same configuration but follows: the status is A's alone.
+    // The class's parameters reach the Ingresses' backends.
+    b.wait_for_config("replica B's render, with the class's parameters", Duration::from_secs(30), |cfg| {
+        cfg.contains("timeout server 42s")
+    })
+    .await?;
+    ensure!(!leads(&api_b).await, "both replicas lead");
+    for name in ["served", "classless"] {
+        let writers = status_writers(&ingresses, name).await?;
+        ensure!(writers == ["haptic@replica-a"], "{name}'s status was written by {writers:?}, not the leader alone");
+    }
+
+    // The leader goes: B takes the lease and writes the next Ingress's status.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !leads(&api_b).await {
+        ensure!(Instant::now() < deadline, "replica B did not take over\n{}", b.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut later = ingress_to("later", "later.example.com", "svc")?;
+    later.spec.as_mut().context("spec")?.ingress_class_name = Some(class.clone());
+    ingresses.create(&PostParams::default(), &later).await?;
+    wait_for(&ingresses, "later", &["203.0.113.9"]).await?;
+    let writers = status_writers(&ingresses, "later").await?;
+    ensure!(writers == ["haptic@replica-b"], "later's status was written by {writers:?}, not the new leader");
+    let _ = classes.delete(&class, &Default::default()).await;
     Ok(())
 }

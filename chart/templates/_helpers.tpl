@@ -59,10 +59,18 @@ rbac.yaml both use this list, so what is watched is exactly what may be read. */
 {{- printf "%s-tcp-services" (include "haptic.fullname" .) -}}
 {{- end -}}
 
+{{- define "haptic.classParametersConfigMap" -}}
+{{- printf "%s-class-parameters" (include "haptic.fullname" .) -}}
+{{- end -}}
+
 {{- define "haptic.watchedResources" -}}
 {{- $all := deepCopy .Values.config.watchedResources -}}
 {{- /* The TCP services ConfigMap (tcpServices), by name, in the release's namespace. */ -}}
 {{- $_ := set $all "tcpservices" (dict "apiVersion" "v1" "kind" "ConfigMap" "resource" "configmaps" "namespaces" (list .Release.Namespace) "fieldSelector" (printf "metadata.name=%s" (include "haptic.tcpServicesConfigMap" .)) "indexBy" (list "metadata.namespace" "metadata.name")) -}}
+{{- /* The class's IngressClass (its default-class annotation, its parameters), by name, and the
+ConfigMap of its parameters (ingressClass.parameters), by name, in the release's namespace. */ -}}
+{{- $_ := set $all "ingressclasses" (dict "apiVersion" "networking.k8s.io/v1" "kind" "IngressClass" "resource" "ingressclasses" "fieldSelector" (printf "metadata.name=%s" .Values.ingressClass.name) "indexBy" (list "metadata.name")) -}}
+{{- $_ := set $all "classparameters" (dict "apiVersion" "v1" "kind" "ConfigMap" "resource" "configmaps" "namespaces" (list .Release.Namespace) "fieldSelector" (printf "metadata.name=%s" (include "haptic.classParametersConfigMap" .)) "indexBy" (list "metadata.namespace" "metadata.name")) -}}
 {{- if .Values.gatewayAPI.enabled -}}
 {{- $gateway := dict -}}
 {{- range $alias, $kind := dict "gatewayclasses" "GatewayClass" "gateways" "Gateway" "httproutes" "HTTPRoute" "grpcroutes" "GRPCRoute" "tlsroutes" "TLSRoute" "tcproutes" "TCPRoute" "referencegrants" "ReferenceGrant" -}}

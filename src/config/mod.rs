@@ -65,9 +65,23 @@ pub struct IngressStatusSettings {
     /// Also Ingresses naming no class.
     #[serde(default)]
     pub default_class: bool,
-    /// The addresses written (IPs, or hostnames); the HAProxy pods' IPs when empty.
+    /// The addresses written (IPs, or hostnames). When empty: the load-balancer addresses of
+    /// `service`, else the HAProxy pods' IPs.
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// The Service in front of the HAProxy pods, whose `status.loadBalancer` is written when no
+    /// addresses are configured (it must be among the watched Services).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceRef>,
+}
+
+/// A Service by namespace and name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct ServiceRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
 }
 
 /// One watched resource type.

@@ -43,19 +43,19 @@ pub fn changes(
     pod_ips: &[String],
     left_out: &[ObjectRef],
 ) -> Vec<IngressStatusChange> {
-    let addresses = if settings.addresses.is_empty() { pod_ips.to_vec() } else { settings.addresses.clone() };
+    let addresses = if !settings.addresses.is_empty() {
+        settings.addresses.clone()
+    } else {
+        let published = settings.service.as_ref().map(|service| service_addresses(stores, service)).unwrap_or_default();
+        if published.is_empty() { pod_ips.to_vec() } else { published }
+    };
     let ours = entries(&addresses);
+    let takes_classless = settings.default_class || class_is_default(stores, &settings.ingress_class);
     let mut out = Vec::new();
     for store in stores.values().filter(|store| store.kind() == "Ingress") {
         for object in store.iter() {
             // Read from the stored template value: no copy of each Ingress on every render.
-            let at = |path: &[&str]| {
-                let mut value = object.value.clone();
-                for key in path {
-                    value = value.get_attr(key).ok().filter(|v| !v.is_undefined() && !v.is_none())?;
-                }
-                Some(value)
-            };
+            let at = |path: &[&str]| at(object, path);
             let class = at(&["spec", "ingressClassName"])
                 .or_else(|| {
                     at(&["metadata", "annotations"])
@@ -63,7 +63,7 @@ pub fn changes(
                 })
                 .and_then(|class| class.as_str().map(str::to_owned))
                 .unwrap_or_default();
-            let of_class = class == settings.ingress_class || (class.is_empty() && settings.default_class);
+            let of_class = class == settings.ingress_class || (class.is_empty() && takes_classless);
             let served = of_class && !left_out.contains(&object.reference);
             let current: Vec<Json> = at(&["status", "loadBalancer", "ingress"])
                 .and_then(|list| serde_json::to_value(&list).ok())
@@ -95,10 +95,57 @@ pub async fn write(client: &kube::Client, changes: Vec<IngressStatusChange>) {
         let api: Api<k8s_openapi::api::networking::v1::Ingress> = Api::namespaced(client.clone(), &change.namespace);
         let list = if change.ingress.is_empty() { Json::Null } else { Json::Array(change.ingress) };
         let patch = json!({"status": {"loadBalancer": {"ingress": list}}});
-        if let Err(error) = api.patch_status(&change.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        // The replica's own field manager: an Ingress's managedFields say which replica wrote it.
+        let params =
+            PatchParams { field_manager: Some(crate::dataplane::status_field_manager()), ..PatchParams::default() };
+        if let Err(error) = api.patch_status(&change.name, &params, &Patch::Merge(&patch)).await {
             warn!(namespace = %change.namespace, name = %change.name, %error, "could not write the Ingress status");
         }
     }
+}
+
+/// Follows a path of attributes in a stored object's template value.
+fn at(object: &crate::store::StoredObject, path: &[&str]) -> Option<minijinja::Value> {
+    let mut value = object.value.clone();
+    for key in path {
+        value = value.get_attr(key).ok().filter(|v| !v.is_undefined() && !v.is_none())?;
+    }
+    Some(value)
+}
+
+/// The load-balancer addresses (IPs, else hostnames) the Service's status shows.
+fn service_addresses(stores: &Stores, service: &crate::config::ServiceRef) -> Vec<String> {
+    let found =
+        stores.values().filter(|store| store.kind() == "Service").flat_map(|store| store.iter()).find(|object| {
+            object.reference.key.namespace == service.namespace && object.reference.key.name == service.name
+        });
+    let Some(list) = found.and_then(|object| at(object, &["status", "loadBalancer", "ingress"])) else {
+        return Vec::new();
+    };
+    list.try_iter()
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let field = |name: &str| entry.get_attr(name).ok().and_then(|v| v.as_str().map(str::to_owned));
+            field("ip").or_else(|| field("hostname"))
+        })
+        .collect()
+}
+
+/// Whether the IngressClass `class` (when watched) is the cluster's default: its
+/// `ingressclass.kubernetes.io/is-default-class` annotation says "true".
+pub fn class_is_default(stores: &Stores, class: &str) -> bool {
+    stores
+        .values()
+        .filter(|store| store.kind() == "IngressClass")
+        .flat_map(|store| store.iter())
+        .filter(|object| object.reference.key.name == class)
+        .any(|object| {
+            at(object, &["metadata", "annotations"])
+                .and_then(|a| a.get_item(&"ingressclass.kubernetes.io/is-default-class".into()).ok())
+                .and_then(|v| v.as_str().map(|v| v.trim().eq_ignore_ascii_case("true")))
+                == Some(true)
+        })
 }
 
 #[cfg(test)]
@@ -126,6 +173,7 @@ mod tests {
             ingress_class: "haproxy".into(),
             default_class: false,
             addresses: vec!["192.0.2.1".into(), "lb.example.com".into()],
+            service: None,
         };
         let ours = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"hostname": "lb.example.com"}]}});
         let theirs = json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}});
@@ -145,10 +193,60 @@ mod tests {
 
     #[test]
     fn without_addresses_the_pods_ips_are_written() {
-        let settings =
-            IngressStatusSettings { ingress_class: "haproxy".into(), default_class: true, addresses: vec![] };
+        let settings = IngressStatusSettings {
+            ingress_class: "haproxy".into(),
+            default_class: true,
+            addresses: vec![],
+            service: None,
+        };
         let stores = stores(vec![json!({"metadata": {"namespace": "ns", "name": "classless"}, "spec": {}})]);
         let changes = changes(&stores, &settings, &["10.0.0.7".into()], &[]);
         assert_eq!(changes[0].ingress, vec![json!({"ip": "10.0.0.7"})]);
+    }
+
+    #[test]
+    fn the_services_load_balancer_address_comes_before_the_pods_ips() {
+        let mut stores = stores(vec![ingress("web", "haproxy", json!({}))]);
+        let mut services = ResourceStore::new("Service", Vec::new());
+        services
+            .apply(json!({"metadata": {"namespace": "system", "name": "lb"},
+                          "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.9"}, {"hostname": "lb.example.net"}]}}}))
+            .expect("a Service");
+        stores.insert("services".into(), Arc::new(services));
+        let settings = IngressStatusSettings {
+            ingress_class: "haproxy".into(),
+            default_class: false,
+            addresses: vec![],
+            service: Some(crate::config::ServiceRef { namespace: "system".into(), name: "lb".into() }),
+        };
+        let changes = changes(&stores, &settings, &["10.0.0.7".into()], &[]);
+        assert_eq!(changes[0].ingress, vec![json!({"ip": "203.0.113.9"}), json!({"hostname": "lb.example.net"})]);
+        let unpublished = IngressStatusSettings {
+            service: Some(crate::config::ServiceRef { namespace: "system".into(), name: "missing".into() }),
+            ..settings
+        };
+        assert_eq!(changes_of(&stores, &unpublished), vec![json!({"ip": "10.0.0.7"})]);
+    }
+
+    fn changes_of(stores: &Stores, settings: &IngressStatusSettings) -> Vec<Json> {
+        changes(stores, settings, &["10.0.0.7".into()], &[]).remove(0).ingress
+    }
+
+    #[test]
+    fn an_ingressclass_annotated_default_takes_classless_ingresses() {
+        let mut stores = stores(vec![json!({"metadata": {"namespace": "ns", "name": "classless"}, "spec": {}})]);
+        let settings = IngressStatusSettings {
+            ingress_class: "haproxy".into(),
+            default_class: false,
+            addresses: vec!["192.0.2.1".into()],
+            service: None,
+        };
+        assert!(changes(&stores, &settings, &[], &[]).is_empty());
+        let mut classes = ResourceStore::new("IngressClass", Vec::new());
+        classes
+            .apply(json!({"metadata": {"name": "haproxy", "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}}}))
+            .expect("an IngressClass");
+        stores.insert("ingressclasses".into(), Arc::new(classes));
+        assert_eq!(changes(&stores, &settings, &[], &[]).len(), 1);
     }
 }

@@ -280,6 +280,19 @@ static USER_AGENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 pub fn set_replica_name(replica: &str) {
     let printable: String = replica.chars().filter(|c| c.is_ascii_graphic()).take(63).collect();
     let _ = USER_AGENT.set(format!("haptic/{} ({printable})", env!("CARGO_PKG_VERSION")));
+    let _ = REPLICA.set(printable);
+}
+
+/// This replica's name, as `set_replica_name` was given it.
+static REPLICA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The field manager of this replica's status writes (`haptic@<replica>`): an object's
+/// `managedFields` then say which replica wrote its status.
+pub fn status_field_manager() -> String {
+    match REPLICA.get() {
+        Some(replica) if !replica.is_empty() => format!("haptic@{replica}"),
+        _ => "haptic".to_owned(),
+    }
 }
 
 /// Longest accepted wait for one Dataplane API call; a forced reload is the slowest.

@@ -223,11 +223,25 @@ pub(crate) static SETTINGS: &[Setting] = &[
     ),
 ];
 
-/// `ingress_settings(ingress, allow_snippets)`: the Ingress's settings, checked (see [`read`]);
-/// every setting unset for `none` (a backend no Ingress owns).
-pub(crate) fn ingress_settings(ingress: &Value, snippets: bool) -> Result<Value, Error> {
+/// `ingress_settings(ingress, allow_snippets, class_parameters)`: the Ingress's settings, checked
+/// (see [`read`]), with defaults from its class's parameters (a ConfigMap whose keys are the
+/// settings' names without a prefix); every setting unset for `none` (a backend no Ingress owns).
+pub(crate) fn ingress_settings(ingress: &Value, snippets: bool, class_parameters: &Value) -> Result<Value, Error> {
     if ingress.is_undefined() || ingress.is_none() {
         return Ok(Settings::default().into_value());
+    }
+    let mut defaults = BTreeMap::new();
+    if let Ok(data) = class_parameters.get_attr("data")
+        && !data.is_undefined()
+        && !data.is_none()
+    {
+        for key in data.try_iter().into_iter().flatten() {
+            if let (Some(name), Ok(value)) = (key.as_str(), data.get_item(&key))
+                && let Some(value) = value.as_str()
+            {
+                defaults.insert(name.to_owned(), value.to_owned());
+            }
+        }
     }
     let annotations = ingress
         .get_attr("metadata")
@@ -245,7 +259,7 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool) -> Result<Value,
             }
         }
     }
-    read(&found, snippets).map(Settings::into_value).map_err(AnnotationError::into_render_error)
+    read(&found, &defaults, snippets).map(Settings::into_value).map_err(AnnotationError::into_render_error)
 }
 
 /// Peers' annotations haptic does not support whose absence would leave an Ingress less protected
@@ -379,9 +393,14 @@ impl Settings {
     }
 }
 
-/// Reads every setting from `annotations` (name → value), first name in precedence order.
+/// Reads every setting from `annotations` (name → value), first name in precedence order, else
+/// from the class's `defaults` (the same names without a prefix, haptic's first).
 /// `snippets` says whether the configuration allows raw snippets.
-pub(crate) fn read(annotations: &BTreeMap<String, String>, snippets: bool) -> Result<Settings, AnnotationError> {
+pub(crate) fn read(
+    annotations: &BTreeMap<String, String>,
+    defaults: &BTreeMap<String, String>,
+    snippets: bool,
+) -> Result<Settings, AnnotationError> {
     if let Some(name) = annotations.keys().find(|name| is_refused(name)) {
         return Err(AnnotationError {
             name: name.clone(),
@@ -392,10 +411,18 @@ pub(crate) fn read(annotations: &BTreeMap<String, String>, snippets: bool) -> Re
     }
     let mut settings = Settings::default();
     for setting in SETTINGS {
-        let Some((name, value)) = annotation_names(setting)
+        let annotated = annotation_names(setting)
             .into_iter()
-            .find_map(|name| annotations.get(&name).map(|value| (name, value.clone())))
-        else {
+            .find_map(|name| annotations.get(&name).map(|value| (name, value.clone())));
+        let from_class = || {
+            setting
+                .haptic
+                .iter()
+                .chain(setting.haproxy_ingress)
+                .chain(setting.haproxytech)
+                .find_map(|key| defaults.get(*key).map(|value| (format!("{CLASS_PARAMETER}{key}"), value.clone())))
+        };
+        let Some((name, value)) = annotated.or_else(from_class) else {
             continue;
         };
         if matches!(setting.kind, Kind::Snippet) && !snippets {
@@ -413,6 +440,9 @@ pub(crate) fn read(annotations: &BTreeMap<String, String>, snippets: bool) -> Re
     Ok(settings)
 }
 
+/// How a setting read from the class's parameters is named (in errors and `sources`).
+const CLASS_PARAMETER: &str = "IngressClass parameter ";
+
 /// An annotation whose value does not fit its setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("annotation {name}: {why}")]
@@ -426,7 +456,11 @@ pub(crate) struct AnnotationError {
 impl AnnotationError {
     /// The render error for this refusal, blaming the annotation's field of the Ingress.
     pub(crate) fn into_render_error(self) -> Error {
-        super::context::blame_field(&format!("metadata.annotations[{:?}]", self.name));
+        // A class parameter is the operator's and every Ingress of the class reads it: the
+        // render fails (the pods keep the last good configuration) rather than leave them all out.
+        if !self.name.starts_with(CLASS_PARAMETER) {
+            super::context::blame_field(&format!("metadata.annotations[{:?}]", self.name));
+        }
         Error::new(ErrorKind::InvalidOperation, self.to_string())
     }
 }
@@ -695,7 +729,7 @@ mod tests {
 
     #[test]
     fn haptics_own_name_wins_then_haproxy_ingress_then_haproxytech() {
-        let read = |pairs| read(&annotations(pairs), false).expect("valid");
+        let read = |pairs| read(&annotations(pairs), &BTreeMap::new(), false).expect("valid");
         let all = read(&[
             ("haproxy.org/load-balance", "source"),
             ("haproxy-ingress.github.io/balance-algorithm", "leastconn"),
@@ -723,7 +757,7 @@ mod tests {
             ("haptic.dev/proxy-body-size", "ten"),
             ("haptic.dev/auth-secret", "../etc"),
         ] {
-            let error = read(&annotations(&[(name, value)]), false).expect_err(name);
+            let error = read(&annotations(&[(name, value)]), &BTreeMap::new(), false).expect_err(name);
             assert_eq!(error.name, name);
             assert!(!error.to_string().contains(value), "{error}");
         }
@@ -740,6 +774,7 @@ mod tests {
                 ("haproxy-ingress.github.io/allowlist-source-range", "10.0.0.0/8, 192.0.2.1"),
                 ("haptic.dev/redirect-to", "https://example.com/new?x=1"),
             ]),
+            &BTreeMap::new(),
             false,
         )
         .expect("valid");
@@ -754,27 +789,41 @@ mod tests {
     #[test]
     fn snippets_are_refused_unless_the_configuration_allows_them_and_never_open_a_section() {
         let snippet = annotations(&[("haproxy.org/backend-config-snippet", "http-request set-header X-A b\n")]);
-        assert!(read(&snippet, false).expect_err("off").why.contains("off"));
-        assert!(read(&snippet, true).is_ok());
+        assert!(read(&snippet, &BTreeMap::new(), false).expect_err("off").why.contains("off"));
+        assert!(read(&snippet, &BTreeMap::new(), true).is_ok());
         let escape =
             annotations(&[("haptic.dev/backend-config-snippet", "http-request deny\nfrontend evil\n  bind :1")]);
-        assert!(read(&escape, true).expect_err("section").why.contains("section"));
+        assert!(read(&escape, &BTreeMap::new(), true).expect_err("section").why.contains("section"));
     }
 
     #[test]
     fn a_peer_protection_haptic_lacks_refuses_the_ingress() {
         for name in ["haproxy-ingress.github.io/auth-url", "ingress.kubernetes.io/oauth", "haproxy.org/ssl-passthrough"]
         {
-            let error = read(&annotations(&[(name, "x")]), false).expect_err(name);
+            let error = read(&annotations(&[(name, "x")]), &BTreeMap::new(), false).expect_err(name);
             assert_eq!(error.name, name);
         }
-        assert!(read(&annotations(&[("haproxy-ingress.github.io/maxconn-server", "10")]), false).is_ok());
+        assert!(
+            read(&annotations(&[("haproxy-ingress.github.io/maxconn-server", "10")]), &BTreeMap::new(), false).is_ok()
+        );
+    }
+
+    #[test]
+    fn class_parameters_are_defaults_and_an_ingress_annotation_wins() {
+        let defaults = annotations(&[("balance-algorithm", "leastconn"), ("timeout-server", "30s")]);
+        let own = read(&annotations(&[("haproxy.org/timeout-server", "5s")]), &defaults, false).expect("valid");
+        assert_eq!(get(&own, "load-balance").as_deref(), Some("leastconn"));
+        assert_eq!(own.sources["load-balance"], "IngressClass parameter balance-algorithm");
+        assert_eq!(get(&own, "timeout-server").as_deref(), Some("5s"));
+        let bad = read(&BTreeMap::new(), &annotations(&[("timeout-server", "soon")]), false).expect_err("bad default");
+        assert_eq!(bad.name, "IngressClass parameter timeout-server");
     }
 
     #[test]
     fn unlimited_body_size_is_no_setting() {
         let settings =
-            read(&annotations(&[("haproxy-ingress.github.io/proxy-body-size", "unlimited")]), false).expect("valid");
+            read(&annotations(&[("haproxy-ingress.github.io/proxy-body-size", "unlimited")]), &BTreeMap::new(), false)
+                .expect("valid");
         assert!(get(&settings, "proxy-body-size").is_none());
     }
 

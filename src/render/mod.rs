@@ -213,9 +213,16 @@ impl Renderer {
             library::endpoints(&slices, port_name.as_ref())
         });
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
-        env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>| {
-            annotations::ingress_settings(&ingress, snippets.unwrap_or(false))
-        });
+        env.add_function(
+            "ingress_settings",
+            |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
+                annotations::ingress_settings(
+                    &ingress,
+                    snippets.unwrap_or(false),
+                    &class_parameters.unwrap_or_default(),
+                )
+            },
+        );
         env.add_function(
             "server_slots",
             |state: &minijinja::State,
