@@ -64,7 +64,7 @@ async fn probe(http: &reqwest::Client, pod: &env::EnvPod, host: &str, ask: &Ask,
     let (scheme, port) = if ask.https { ("https", 8443) } else { ("http", 8080) };
     let url = format!("{scheme}://{host}:{port}{}", ask.path);
     let method = reqwest::Method::from_bytes(ask.method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let client = if ask.https { https_to(pod) } else { Ok(http.clone()) };
+    let client = if ask.https { https_to(pod, host) } else { Ok(http.clone()) };
     let Ok(client) = client else { return "no HTTPS client".into() };
     let mut request = client.request(method, &url);
     if !ask.https {
@@ -91,12 +91,12 @@ async fn probe(http: &reqwest::Client, pod: &env::EnvPod, host: &str, ask: &Ask,
     describe(request.send().await, look).await
 }
 
-fn https_to(pod: &env::EnvPod) -> reqwest::Result<reqwest::Client> {
+fn https_to(pod: &env::EnvPod, host: &str) -> reqwest::Result<reqwest::Client> {
     let address: std::net::SocketAddr = format!("{}:8443", pod.ip).parse().expect("a pod address");
     reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .redirect(reqwest::redirect::Policy::none())
-        .resolve_to_addrs("hsts.example", &[address])
+        .resolve_to_addrs(host, &[address])
         .timeout(Duration::from_secs(10))
         .build()
 }
@@ -718,6 +718,95 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
     );
     rewrite.paths = vec![("/api", "Prefix"), ("/api/v1", "Prefix")];
     cases.push(rewrite);
+    // Whole Ingresses as each peer's documentation writes them: many annotations at once.
+    let mut haproxy_ingress_set = case(
+        "set-hi",
+        "web",
+        annotations(&[
+            (ha("balance-algorithm"), "roundrobin"),
+            (ha("timeout-server"), "30s"),
+            (ha("timeout-connect"), "5s"),
+            (ha("timeout-queue"), "10s"),
+            (ha("timeout-tunnel"), "1h"),
+            (ha("hsts"), "true"),
+            (ha("hsts-max-age"), "3600"),
+            (ha("hsts-include-subdomains"), "true"),
+            (ha("hsts-preload"), "true"),
+            (ha("allowlist-source-range"), "127.0.0.0/8, 10.0.0.0/8"),
+            (ha("cors-enable"), "true"),
+            (ha("cors-allow-origin"), "https://app.example"),
+            (ha("cors-allow-methods"), "GET, POST"),
+            (ha("cors-allow-headers"), "X-Custom"),
+            (ha("cors-max-age"), "600"),
+            (ha("headers"), "X-Via: haproxy-ingress"),
+            (ha("proxy-body-size"), "2k"),
+            (ha("limit-rps"), "1000"),
+            (ha("health-check-uri"), "/healthz"),
+            (ha("health-check-interval"), "2s"),
+            (ha("app-root"), "/app"),
+            (ha("rewrite-target"), "/"),
+            (ha("affinity"), "cookie"),
+            (ha("session-cookie-name"), "HI"),
+        ]),
+        vec![
+            ("haproxy-ingress set (24 annotations): app-root", get("/"), Look::Outcome, "302 /app"),
+            (
+                "... rewrite-target with headers",
+                get("/api/users"),
+                Look::Seen("backend=web"),
+                "200 backend=web path=/users host=set-hi.example",
+            ),
+            ("... headers", get("/api/users"), Look::Seen("header x-via:"), "200 header x-via: haproxy-ingress"),
+            ("... CORS preflight", preflight.clone(), Look::Header("access-control-allow-headers"), "204 X-Custom"),
+            ("... proxy-body-size", post(3000), Look::Outcome, "413"),
+            (
+                "... HSTS over HTTPS",
+                Ask { method: "GET", path: "/app", https: true, ..Ask::default() },
+                Look::Header("strict-transport-security"),
+                "200 max-age=3600; includeSubDomains; preload",
+            ),
+        ],
+    );
+    haproxy_ingress_set.paths = vec![("/", "Prefix"), ("/api", "Prefix")];
+    cases.push(haproxy_ingress_set);
+    cases.push(case(
+        "set-ht",
+        "web",
+        annotations(&[
+            (ht("load-balance"), "leastconn"),
+            (ht("timeout-server"), "30s"),
+            (ht("timeout-connect"), "4s"),
+            (ht("timeout-queue"), "5s"),
+            (ht("timeout-tunnel"), "2h"),
+            (ht("allow-list"), "127.0.0.0/8"),
+            (ht("deny-list"), "192.0.2.0/24"),
+            (ht("cors-enable"), "true"),
+            (ht("cors-allow-origin"), "*"),
+            (ht("cors-allow-methods"), "GET"),
+            (ht("cors-max-age"), "1m"),
+            (ht("request-set-header"), "X-From haproxytech\nX-Env test"),
+            (ht("response-set-header"), "X-Frame-Options DENY"),
+            (ht("set-host"), "inner.example"),
+            (ht("path-rewrite"), "^/v1/(.*) /\\1"),
+            (ht("rate-limit-requests"), "1000"),
+            (ht("rate-limit-period"), "1s"),
+            (ht("check"), "true"),
+            (ht("check-http"), "/healthz"),
+            (ht("check-interval"), "3s"),
+            (ht("cookie-persistence"), "HT"),
+        ]),
+        vec![
+            (
+                "haproxytech set (21 annotations): path-rewrite, set-host",
+                get("/v1/page"),
+                Look::Seen("backend=web"),
+                "200 backend=web path=/page host=inner.example",
+            ),
+            ("... request-set-header", get("/"), Look::Seen("header x-env:"), "200 header x-env: test"),
+            ("... response-set-header", get("/"), Look::Header("x-frame-options"), "200 DENY"),
+            ("... CORS preflight", preflight.clone(), Look::Header("access-control-max-age"), "204 60"),
+        ],
+    ));
 
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     for case in &cases {

@@ -220,3 +220,55 @@ async fn only_the_leader_writes_the_haproxy_services_address() -> Result<()> {
     let _ = classes.delete(&class, &Default::default()).await;
     Ok(())
 }
+
+/// Two installs, two classes, one namespace: each renders only its class's Ingresses and writes
+/// only their status, and an Ingress moved from one class to the other changes hands cleanly.
+#[tokio::test]
+async fn two_installs_serve_two_classes_without_touching_each_others_ingresses() -> Result<()> {
+    let env = env::environment();
+    let client = env.kube_client().await?;
+    env::chart::apply_chart_crd(&client).await?;
+    let namespace = env.fresh_namespace(&client, "two-installs").await?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let mut installs = Vec::new();
+    for (release, address, frontend) in [("one", "192.0.2.61", "127.1.3.5"), ("two", "192.0.2.62", "127.1.3.6")] {
+        let class = format!("{namespace}-{release}");
+        let mut ingress = ingress_to(&format!("app-{release}"), &format!("{release}.example.com"), "svc")?;
+        ingress.spec.as_mut().context("spec")?.ingress_class_name = Some(class.clone());
+        ingresses.create(&PostParams::default(), &ingress).await?;
+        let work = tempfile::tempdir()?;
+        let values = [
+            ("config.name", release.to_owned()),
+            ("ingressClass.name", class),
+            ("ingressClass.statusAddresses", format!("{{{address}}}")),
+        ];
+        apply_library_config_with(&client, &namespace, release, frontend, work.path(), &values).await?;
+        let launch = Launch { args: vec!["--render-only".into()], ..Launch::default() };
+        let controller_dir = tempfile::tempdir()?;
+        let journal = controller_dir.path().join("journal");
+        let controller = ControllerProcess::launch(env, &namespace, release, controller_dir, &journal, &launch)?;
+        installs.push((release, address, controller, work));
+    }
+    let routed = |controller: &ControllerProcess, host: &str| controller.file("maps/host-prefix.map").contains(host);
+    for (release, address, controller, _) in &installs {
+        wait_for(&ingresses, &format!("app-{release}"), &[address]).await.with_context(|| controller.log_tail())?;
+    }
+    let (one, two) = (&installs[0].2, &installs[1].2);
+    ensure!(routed(one, "one.example.com") && !routed(one, "two.example.com"), "install one routes another class");
+    ensure!(routed(two, "two.example.com") && !routed(two, "one.example.com"), "install two routes another class");
+
+    // app-one moves to class two: install two takes it, install one lets it go.
+    let patch = json!({"spec": {"ingressClassName": format!("{namespace}-two")}});
+    ingresses.patch("app-one", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    wait_for(&ingresses, "app-one", &["192.0.2.62"]).await?;
+    two.wait_for_config("install two with app-one", Duration::from_secs(30), |_| {
+        std::fs::read_to_string(two.render_dir.join("maps/host-prefix.map"))
+            .is_ok_and(|m| m.contains("one.example.com"))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(!routed(one, "one.example.com"), "install one still routes an Ingress it no longer serves");
+    ensure!(addresses(&ingresses, "app-one").await? == ["192.0.2.62"], "app-one's status changed hands unevenly");
+    ensure!(addresses(&ingresses, "app-two").await? == ["192.0.2.62"], "app-two lost its address");
+    Ok(())
+}

@@ -308,7 +308,9 @@ async fn apply_chart_config(
         .resolve_gvk(&kube::api::GroupVersionKind::gvk("haptic.dev", "v1alpha1", "HAProxyTemplateConfig"))
         .context("the HAProxyTemplateConfig CRD is not served")?;
     let configs: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
-    configs.patch("haptic", &PatchParams::apply("haptic-tests"), &Patch::Apply(&config)).await?;
+    // Named as config.name says ("haptic" unless a test gives another).
+    let name = config.metadata.name.clone().context("the configuration has no name")?;
+    configs.patch(&name, &PatchParams::apply("haptic-tests"), &Patch::Apply(&config)).await?;
     Ok(())
 }
 
