@@ -381,6 +381,31 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
                 "503",
             )],
         ),
+        case(
+            "verify-haptic",
+            "secure",
+            annotations(&[
+                (hd("server-ssl"), "true"),
+                (hd("server-ca-secret"), "backend-ca"),
+                (hd("server-verify-hostname"), "secure.backend"),
+            ]),
+            vec![(
+                "server-verify-hostname (haptic.dev): the certificate's name",
+                get("/"),
+                Look::Outcome,
+                "200 secure",
+            )],
+        ),
+        case(
+            "misnamed-haptic",
+            "secure",
+            annotations(&[
+                (hd("server-ssl"), "true"),
+                (hd("server-ca-secret"), "backend-ca"),
+                (hd("server-verify-hostname"), "other.backend"),
+            ]),
+            vec![("server-verify-hostname (haptic.dev): another name refused", get("/"), Look::Outcome, "503")],
+        ),
         // Load balancing, timeouts.
         case(
             "balance-hi",
@@ -620,6 +645,28 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
                 ),
             ],
         ),
+        case(
+            "headers-add",
+            "web",
+            annotations(&[
+                (hd("request-add-header"), "X-Added one"),
+                (hd("response-add-header"), "X-Answer two"),
+                (hd("response-del-header"), "x-backend"),
+                (hd("cors-enable"), "true"),
+                (hd("cors-expose-headers"), "X-Total, X-Page"),
+            ]),
+            vec![
+                ("request-add-header (haptic.dev)", get("/"), Look::Seen("header x-added:"), "200 header x-added: one"),
+                ("response-add-header (haptic.dev)", get("/"), Look::Header("x-answer"), "200 two"),
+                ("response-del-header (haptic.dev)", get("/"), Look::Header("x-backend"), "200 "),
+                (
+                    "cors-enable + cors-expose-headers (haptic.dev)",
+                    get("/"),
+                    Look::Header("access-control-expose-headers"),
+                    "200 X-Total, X-Page",
+                ),
+            ],
+        ),
         // Rewrites and redirects.
         case(
             "redirect-to-hi",
@@ -844,6 +891,7 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
         ("rate-hi", annotations(&[(ha("limit-rps"), "5")])),
         ("rate-ht", annotations(&[(ht("rate-limit-requests"), "5"), (ht("rate-limit-period"), "10s")])),
         ("conn-hi", annotations(&[(ha("limit-connections"), "2")])),
+        ("rate-code", annotations(&[(hd("rate-limit-rps"), "5"), (hd("rate-limit-status-code"), "503")])),
     ];
     for (name, pairs) in &limits {
         ingresses
@@ -881,6 +929,7 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
     }
     rows.extend(sticky_rows(&http, env).await);
     rows.extend(rate_rows(&http, env).await);
+    rows.push(grpc_row(env).await?);
     rows.push(health_row(&http, env, dir).await?);
     rows.push(refusal_row(&client, &namespace, &controller, "snippet").await?);
     // The users' password hashes reach the pods, never the render directory.
@@ -1000,6 +1049,7 @@ async fn rate_rows(http: &reqwest::Client, env: &env::Manifest) -> Vec<Row> {
         ("rate-haptic", "rate-limit-rps 5 (haptic.dev)", "429"),
         ("rate-hi", "limit-rps 5 (haproxy-ingress)", "429"),
         ("rate-ht", "rate-limit-requests 5 + rate-limit-period 10s (haproxytech, its 403)", "403"),
+        ("rate-code", "rate-limit-rps 5 + rate-limit-status-code 503 (haptic.dev)", "503"),
     ] {
         let host = format!("{name}.example");
         let mut verdicts = Vec::new();
@@ -1136,6 +1186,43 @@ async fn refusal_row(
         request: format!("Ingress {name}"),
         expected: "Refused, naming haproxy.org/backend-config-snippet".into(),
         got: if says { "Refused, naming haproxy.org/backend-config-snippet".into() } else { note },
+    })
+}
+
+/// A gRPC call (HTTP/2 in clear text from the client, prior knowledge) to an Ingress with
+/// `backend-protocol: grpc`, answered by the HTTP/2-only server on every pod.
+async fn grpc_row(env: &env::Manifest) -> Result<Row> {
+    let mut answers = Vec::new();
+    for pod in &env.pods {
+        let address: std::net::SocketAddr = format!("{}:8080", pod.ip).parse()?;
+        let h2 = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .resolve("h2-hi.example", address)
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let answer = h2
+            .post("http://h2-hi.example:8080/echo.Echo/Say")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(vec![0u8, 0, 0, 0, 0])
+            .send()
+            .await;
+        answers.push(match answer {
+            Ok(answer) => {
+                let header = |name: &str| {
+                    answer.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+                };
+                format!("{} {} grpc-status {}", answer.status().as_u16(), header("x-backend"), header("grpc-status"))
+            }
+            Err(error) => format!("error: {error}"),
+        });
+    }
+    let got = if answers.iter().all(|a| *a == answers[0]) { answers[0].clone() } else { answers.join("; ") };
+    Ok(Row {
+        case: "backend-protocol grpc (haproxy-ingress): a gRPC call over h2c".into(),
+        request: "POST h2-hi.example/echo.Echo/Say (HTTP/2, application/grpc)".into(),
+        expected: "200 grpc grpc-status 0".into(),
+        got,
     })
 }
 
