@@ -228,7 +228,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
 /// settings' names without a prefix); every setting unset for `none` (a backend no Ingress owns).
 pub(crate) fn ingress_settings(ingress: &Value, snippets: bool, class_parameters: &Value) -> Result<Value, Error> {
     if ingress.is_undefined() || ingress.is_none() {
-        return Ok(Settings::default().into_value());
+        return Ok(NO_SETTINGS.clone());
     }
     let mut defaults = BTreeMap::new();
     if let Ok(data) = class_parameters.get_attr("data")
@@ -252,12 +252,15 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool, class_parameters
     if let Some(annotations) = annotations {
         for key in annotations.try_iter().into_iter().flatten() {
             let Some(name) = key.as_str() else { continue };
-            if (is_setting(name) || is_refused(name))
+            if is_known(name)
                 && let Ok(value) = annotations.get_item(&key)
             {
                 found.insert(name.to_owned(), value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string()));
             }
         }
+    }
+    if found.is_empty() && defaults.is_empty() {
+        return Ok(NO_SETTINGS.clone());
     }
     read(&found, &defaults, snippets).map(Settings::into_value).map_err(AnnotationError::into_render_error)
 }
@@ -294,6 +297,22 @@ static NAMES: LazyLock<Vec<(String, usize)>> = LazyLock::new(|| {
     names
 });
 
+/// Every annotation name the library reads (settings and refused ones), for a quick test.
+static KNOWN: LazyLock<std::collections::HashSet<String>> = LazyLock::new(|| {
+    let mut known: std::collections::HashSet<String> = NAMES.iter().map(|(name, _)| name.clone()).collect();
+    for prefix in ["haproxy-ingress.github.io/", "ingress.kubernetes.io/", "haproxy.org/", "haproxy.com/"] {
+        known.extend(REFUSED_PEER_KEYS.iter().map(|key| format!("{prefix}{key}")));
+    }
+    known
+});
+
+/// Each setting's annotation names, in precedence order (index as in [`SETTINGS`]).
+static SETTING_NAMES: LazyLock<Vec<Vec<String>>> = LazyLock::new(|| SETTINGS.iter().map(annotation_names).collect());
+
+/// The settings of an Ingress that sets none: every Ingress without the library's annotations
+/// (most of them) shares this one value instead of building its own.
+static NO_SETTINGS: LazyLock<Value> = LazyLock::new(|| Settings::default().into_value());
+
 /// The annotation names of one setting, in precedence order.
 pub(crate) fn annotation_names(setting: &Setting) -> Vec<String> {
     let mut names: Vec<String> = setting.haptic.iter().map(|key| format!("haptic.dev/{key}")).collect();
@@ -314,6 +333,11 @@ pub(crate) fn annotation_names(setting: &Setting) -> Vec<String> {
 /// Whether an annotation name is one the library reads (so its Ingress needs backends of its own).
 pub(crate) fn is_setting(name: &str) -> bool {
     NAMES.iter().any(|(known, _)| known == name)
+}
+
+/// Whether `name` is an annotation the library reads at all (a setting's or a refused one).
+fn is_known(name: &str) -> bool {
+    KNOWN.contains(name)
 }
 
 #[cfg(test)]
@@ -381,6 +405,7 @@ pub(crate) struct Settings {
 impl Settings {
     /// The template's view: a map of setting keys to values, with `sources` (key → annotation).
     pub(crate) fn into_value(self) -> Value {
+        let any = !self.values.is_empty();
         // Every setting is a key, none when unset, so templates may compare and test any.
         let mut map: BTreeMap<String, Value> =
             SETTINGS.iter().map(|setting| (setting.key.to_owned(), Value::from(()))).collect();
@@ -389,6 +414,8 @@ impl Settings {
             SETTINGS.iter().map(|setting| (setting.key.to_owned(), Value::from_safe_string(String::new()))).collect();
         sources.extend(self.sources.into_iter().map(|(key, name)| (key.to_owned(), Value::from_safe_string(name))));
         map.insert("sources".into(), Value::from(sources));
+        // Whether anything is set: a backend without settings skips their template altogether.
+        map.insert("any".into(), Value::from(any));
         Value::from(map)
     }
 }
@@ -410,10 +437,8 @@ pub(crate) fn read(
         });
     }
     let mut settings = Settings::default();
-    for setting in SETTINGS {
-        let annotated = annotation_names(setting)
-            .into_iter()
-            .find_map(|name| annotations.get(&name).map(|value| (name, value.clone())));
+    for (setting, names) in SETTINGS.iter().zip(SETTING_NAMES.iter()) {
+        let annotated = names.iter().find_map(|name| annotations.get(name).map(|value| (name.clone(), value.clone())));
         let from_class = || {
             setting
                 .haptic
