@@ -50,6 +50,8 @@ enum Look {
     Header(&'static str),
     /// The line of the backend's echo that starts with this (what the backend saw).
     Seen(&'static str),
+    /// The status and the name of the cookie the answer sets.
+    Cookie,
 }
 
 struct Row {
@@ -115,6 +117,7 @@ async fn describe(answer: reqwest::Result<reqwest::Response>, look: Look) -> Str
             _ => status.to_string(),
         },
         Look::Header(name) => format!("{status} {}", header(name)),
+        Look::Cookie => format!("{status} {}", header("set-cookie").split('=').next().unwrap_or_default()),
         Look::Seen(prefix) => {
             let body = response.text().await.unwrap_or_default();
             let line = body.lines().find(|line| line.starts_with(prefix)).unwrap_or("(none)").to_owned();
@@ -945,6 +948,8 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
         },
     });
 
+    rows.extend(every_name(&client, &namespace, &http, env).await?);
+
     let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
     for row in &rows {
         let mark = if row.expected == row.got { "pass" } else { "FAIL" };
@@ -1187,6 +1192,294 @@ async fn refusal_row(
         expected: "Refused, naming haproxy.org/backend-config-snippet".into(),
         got: if says { "Refused, naming haproxy.org/backend-config-snippet".into() } else { note },
     })
+}
+
+/// Every name of every setting a request can observe, haptic's, the peers' and their legacy
+/// prefixes (`ingress.kubernetes.io/`, `haproxy.com/`): an Ingress each, with that annotation
+/// (and, where the setting needs another to act, haptic's name for that one), and a request.
+async fn every_name(
+    client: &kube::Client,
+    namespace: &str,
+    http: &reqwest::Client,
+    env: &env::Manifest,
+) -> Result<Vec<Row>> {
+    let https = |path: &'static str| Ask { method: "GET", path, https: true, ..Ask::default() };
+    let preflight = Ask {
+        method: "OPTIONS",
+        path: "/",
+        headers: vec![("origin", "https://app.example".into()), ("access-control-request-method", "PUT".into())],
+        ..Ask::default()
+    };
+    let post = Ask { method: "POST", path: "/upload", body: 2048, ..Ask::default() };
+    // (setting, value, other annotations it needs, service, ask, look, expected: haptic's name, a peer's).
+    type Check = (
+        &'static str,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+        &'static str,
+        Ask,
+        Look,
+        &'static str,
+        &'static str,
+    );
+    let checks: Vec<Check> = vec![
+        // Not last: plain HTTP to a passthrough host is a 404, and the wait below needs the last served.
+        ("ssl-passthrough", "true", vec![], "web", get("/"), Look::Outcome, "404", "404"),
+        (
+            "ssl-redirect",
+            "true",
+            vec![],
+            "web",
+            get("/x"),
+            Look::Outcome,
+            "308 https://{host}/x",
+            "302 https://{host}/x",
+        ),
+        (
+            "ssl-redirect-code",
+            "301",
+            vec![("haptic.dev/ssl-redirect", "true")],
+            "web",
+            get("/x"),
+            Look::Outcome,
+            "301 https://{host}/x",
+            "301 https://{host}/x",
+        ),
+        (
+            "hsts",
+            "true",
+            vec![],
+            "web",
+            https("/"),
+            Look::Header("strict-transport-security"),
+            "200 max-age=15768000",
+            "200 max-age=15768000",
+        ),
+        (
+            "hsts-max-age",
+            "600",
+            vec![("haptic.dev/hsts", "true")],
+            "web",
+            https("/"),
+            Look::Header("strict-transport-security"),
+            "200 max-age=600",
+            "200 max-age=600",
+        ),
+        ("backend-protocol", "h2", vec![], "grpc", get("/"), Look::Outcome, "200 grpc", "200 grpc"),
+        ("server-proto", "h2", vec![], "grpc", get("/"), Look::Outcome, "200 grpc", "200 grpc"),
+        ("server-ssl", "true", vec![], "secure", get("/"), Look::Outcome, "200 secure", "200 secure"),
+        (
+            "server-ca",
+            "wrong-ca",
+            vec![("haptic.dev/server-ssl", "true")],
+            "secure",
+            get("/"),
+            Look::Outcome,
+            "503",
+            "503",
+        ),
+        ("affinity", "cookie", vec![], "pair", get("/"), Look::Cookie, "200 INGRESSCOOKIE", "200 INGRESSCOOKIE"),
+        (
+            "session-cookie-name",
+            "SWEPT",
+            vec![("haptic.dev/affinity", "cookie")],
+            "pair",
+            get("/"),
+            Look::Cookie,
+            "200 SWEPT",
+            "200 SWEPT",
+        ),
+        ("timeout-server", "1s", vec![], "web", get("/slow?seconds=3"), Look::Outcome, "504", "504"),
+        ("allow-list", "192.0.2.0/24", vec![], "web", get("/"), Look::Outcome, "403", "403"),
+        ("deny-list", "0.0.0.0/0", vec![], "web", get("/"), Look::Outcome, "403", "403"),
+        ("auth-secret", "users-htpasswd", vec![], "web", get("/"), Look::Outcome, "401", "401"),
+        (
+            "auth-realm",
+            "Swept",
+            vec![("haptic.dev/auth-secret", "users-htpasswd")],
+            "web",
+            get("/"),
+            Look::Header("www-authenticate"),
+            "401 Basic realm=\"Swept\"",
+            "401 Basic realm=\"Swept\"",
+        ),
+        ("cors-enable", "true", vec![], "web", get("/"), Look::Header("access-control-allow-origin"), "200 *", "200 *"),
+        (
+            "cors-allow-origin",
+            "https://app.example",
+            vec![("haptic.dev/cors-enable", "true")],
+            "web",
+            get("/"),
+            Look::Header("access-control-allow-origin"),
+            "200 https://app.example",
+            "200 https://app.example",
+        ),
+        (
+            "cors-allow-methods",
+            "GET, PUT",
+            vec![("haptic.dev/cors-enable", "true")],
+            "web",
+            preflight.clone(),
+            Look::Header("access-control-allow-methods"),
+            "204 GET, PUT",
+            "204 GET, PUT",
+        ),
+        (
+            "cors-allow-headers",
+            "X-Swept",
+            vec![("haptic.dev/cors-enable", "true")],
+            "web",
+            preflight.clone(),
+            Look::Header("access-control-allow-headers"),
+            "204 X-Swept",
+            "204 X-Swept",
+        ),
+        (
+            "cors-allow-credentials",
+            "true",
+            vec![("haptic.dev/cors-enable", "true")],
+            "web",
+            get("/"),
+            Look::Header("access-control-allow-credentials"),
+            "200 true",
+            "200 true",
+        ),
+        (
+            "cors-max-age",
+            "60",
+            vec![("haptic.dev/cors-enable", "true")],
+            "web",
+            preflight.clone(),
+            Look::Header("access-control-max-age"),
+            "204 60",
+            "204 60",
+        ),
+        (
+            "cors-expose-headers",
+            "X-Total",
+            vec![("haptic.dev/cors-enable", "true")],
+            "web",
+            get("/"),
+            Look::Header("access-control-expose-headers"),
+            "200 X-Total",
+            "200 X-Total",
+        ),
+        (
+            "request-set-header",
+            "X-Swept: yes",
+            vec![],
+            "web",
+            get("/"),
+            Look::Seen("header x-swept:"),
+            "200 header x-swept: yes",
+            "200 header x-swept: yes",
+        ),
+        ("response-set-header", "X-Swept yes", vec![], "web", get("/"), Look::Header("x-swept"), "200 yes", "200 yes"),
+        (
+            "set-host",
+            "inner.example",
+            vec![],
+            "web",
+            get("/"),
+            Look::Seen("backend=web"),
+            "200 backend=web path=/ host=inner.example",
+            "200 backend=web path=/ host=inner.example",
+        ),
+        (
+            "rewrite-target",
+            "/v2",
+            vec![],
+            "web",
+            get("/x"),
+            Look::Seen("backend=web"),
+            "200 backend=web path=/v2/x host={host}",
+            "200 backend=web path=/v2/x host={host}",
+        ),
+        (
+            "path-rewrite",
+            "/fixed",
+            vec![],
+            "web",
+            get("/any"),
+            Look::Seen("backend=web"),
+            "200 backend=web path=/fixed host={host}",
+            "200 backend=web path=/fixed host={host}",
+        ),
+        (
+            "redirect-to",
+            "https://new.example/landing",
+            vec![],
+            "web",
+            get("/old"),
+            Look::Outcome,
+            "302 https://new.example/landing",
+            "302 https://new.example/landing",
+        ),
+        (
+            "redirect-host",
+            "moved.example",
+            vec![],
+            "web",
+            get("/a"),
+            Look::Outcome,
+            "302 http://moved.example/a",
+            "302 http://moved.example/a",
+        ),
+        (
+            "redirect-code",
+            "301",
+            vec![("haptic.dev/redirect-host", "moved.example")],
+            "web",
+            get("/a"),
+            Look::Outcome,
+            "301 http://moved.example/a",
+            "301 http://moved.example/a",
+        ),
+        ("proxy-body-size", "1k", vec![], "web", post, Look::Outcome, "413", "413"),
+        ("app-root", "/app", vec![], "web", get("/"), Look::Outcome, "302 /app", "302 /app"),
+    ];
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), namespace);
+    let mut asked = Vec::new();
+    for (setting, value, needs, service, ask, look, haptic_expects, peer_expects) in checks {
+        let names = haptic::render::annotation_names(setting);
+        ensure!(!names.is_empty(), "no setting {setting}");
+        for name in names {
+            let host = format!("n{}.example", asked.len());
+            let mut pairs: Vec<(String, &str)> = needs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+            pairs.push((name.clone(), value));
+            let ingress_name = format!("n{}", asked.len());
+            ingresses
+                .create(
+                    &PostParams::default(),
+                    &ingress(&ingress_name, &host, service, annotations(&pairs), &[("/", "Prefix")])?,
+                )
+                .await?;
+            let expected = if name.starts_with("haptic.dev/") { haptic_expects } else { peer_expects };
+            asked.push((setting, name, host.clone(), ask.clone(), look, expected.replace("{host}", &host)));
+        }
+    }
+    // Every pod serves the last one (a plain request; the settings differ) before the rows.
+    let last = asked.last().map(|(_, _, host, ..)| host.clone()).unwrap_or_default();
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let got = on_every_pod(http, env, &last, &get("/"), Look::Outcome).await;
+        if !got.contains("404") && !got.contains("error") {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "{last} is not served: {got}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut rows = Vec::new();
+    for (setting, name, host, ask, look, expected) in asked {
+        let got = on_every_pod(http, env, &host, &ask, look).await;
+        rows.push(Row {
+            case: format!("every name: `{name}` ({setting})"),
+            request: format!("{} {host}{}", ask.method, ask.path),
+            expected,
+            got,
+        });
+    }
+    Ok(rows)
 }
 
 /// A gRPC call (HTTP/2 in clear text from the client, prior knowledge) to an Ingress with

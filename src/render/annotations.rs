@@ -313,6 +313,11 @@ static SETTING_NAMES: LazyLock<Vec<Vec<String>>> = LazyLock::new(|| SETTINGS.ite
 /// (most of them) shares this one value instead of building its own.
 static NO_SETTINGS: LazyLock<Value> = LazyLock::new(|| Settings::default().into_value());
 
+/// The annotation names of the setting `key`, in precedence order (none for an unknown key).
+pub(crate) fn names_of(key: &str) -> Vec<String> {
+    SETTINGS.iter().find(|setting| setting.key == key).map(annotation_names).unwrap_or_default()
+}
+
 /// The annotation names of one setting, in precedence order.
 pub(crate) fn annotation_names(setting: &Setting) -> Vec<String> {
     let mut names: Vec<String> = setting.haptic.iter().map(|key| format!("haptic.dev/{key}")).collect();

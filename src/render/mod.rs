@@ -7,6 +7,12 @@
 //! order their events arrived in.
 
 mod annotations;
+
+/// Every annotation name of one of the default library's settings (`ssl-redirect`, say), in
+/// precedence order: haptic's, haproxy-ingress's, haproxytech's (docs/annotations.md).
+pub fn annotation_names(setting: &str) -> Vec<String> {
+    annotations::names_of(setting)
+}
 mod context;
 pub(crate) mod filters;
 mod library;

@@ -348,8 +348,22 @@ impl Drop for ControllerProcess {
 }
 
 /// The checksums of the controller's latest render (configuration, maps, general files), by the
-/// names the API's `pushedChecksums` use.
+/// names the API's `pushedChecksums` use. The controller rewrites its render directory file by
+/// file (each through a `.tmp` file and a rename) on every render, so a directory read while it
+/// writes may mix two renders or list a `.tmp` file: only two equal reads in a row count.
 pub fn rendered(controller: &ControllerProcess) -> Result<BTreeMap<String, String>> {
+    let mut last = read_render_dir(controller)?;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let again = read_render_dir(controller)?;
+        if again == last {
+            return Ok(again);
+        }
+        last = again;
+    }
+}
+
+fn read_render_dir(controller: &ControllerProcess) -> Result<BTreeMap<String, String>> {
     let mut files = BTreeMap::new();
     let checksum =
         |path: &Path| -> Result<String> { Ok(haptic::files::Checksum::of(&std::fs::read(path)?).to_string()) };
@@ -358,7 +372,12 @@ pub fn rendered(controller: &ControllerProcess) -> Result<BTreeMap<String, Strin
         for entry in std::fs::read_dir(controller.render_dir.join(dir))? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            files.insert(format!("{prefix}/{name}"), checksum(&entry.path())?);
+            if name.ends_with(".tmp") {
+                continue;
+            }
+            // A file may be renamed over between the listing and the read: read it again later.
+            let Ok(sum) = checksum(&entry.path()) else { continue };
+            files.insert(format!("{prefix}/{name}"), sum);
         }
     }
     Ok(files)
