@@ -33,6 +33,9 @@ pub enum Command {
     Crd,
     /// Render the files from a configuration and resource files, without a cluster.
     Render(RenderArgs),
+    /// What taking a pod from one render to another takes: nothing, Runtime API changes (no
+    /// reload, each listed), or a reload (and why).
+    Diff(DiffArgs),
     /// Run the controller: follow one HAProxyTemplateConfig, watch what it names, render.
     Run(RunArgs),
     /// Print the per-pod state machine as a Mermaid state diagram (from the transition table).
@@ -104,6 +107,20 @@ pub struct RenderArgs {
     /// Where to write haproxy.cfg, maps/ and files/; without it, a listing goes to stdout.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+/// Arguments of `haptic diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The render a pod runs (a directory `haptic render --out` or `--render-dir` wrote).
+    #[arg(long)]
+    pub before: PathBuf,
+    /// The render it would take.
+    #[arg(long)]
+    pub after: PathBuf,
+    /// The pod's HAProxy version: before 2.7, a server in traffic changes address by a reload.
+    #[arg(long, default_value = "2.8")]
+    pub haproxy_version: String,
 }
 
 /// Arguments of `haptic probe`.
@@ -194,6 +211,38 @@ pub fn render(args: RenderArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs `haptic diff`: prints `no change`, `runtime: ...` with one action per line, or
+/// `reload: <reason>`.
+pub fn diff(args: DiffArgs) -> Result<()> {
+    let before = crate::offline::load_render_dir(&args.before)?;
+    let after = crate::offline::load_render_dir(&args.after)?;
+    print!("{}", describe_change(&before, &after, &args.haproxy_version));
+    Ok(())
+}
+
+/// What `haptic diff` says for a pod running `before` that is to run `after`.
+pub fn describe_change(before: &crate::files::FileSet, after: &crate::files::FileSet, haproxy_version: &str) -> String {
+    use crate::plan::{AddressChanges, Plan};
+    let address_changes = AddressChanges::of_version(haproxy_version);
+    match crate::plan::plan(before, after, address_changes) {
+        Plan::NoOp => "no change\n".to_owned(),
+        Plan::Runtime(actions) if actions.is_empty() => {
+            "runtime: the files change in comments or layout only, no action, no reload\n".to_owned()
+        }
+        Plan::Runtime(actions) => {
+            let mut text = format!("runtime: {} action(s), no reload\n", actions.len());
+            for action in actions {
+                text.push_str(&format!("  {action}\n"));
+            }
+            text
+        }
+        Plan::Full => {
+            let reason = crate::plan::reload_reason(Some(before), after, address_changes);
+            format!("reload: {}\n", reason.as_str())
+        }
+    }
 }
 
 /// Runs `haptic run` until interrupted; the cluster comes from KUBECONFIG or the in-cluster

@@ -31,6 +31,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Render(args) => haptic::cli::render(args),
+        Command::Diff(args) => haptic::cli::diff(args),
         Command::Run(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(haptic::cli::run(args))

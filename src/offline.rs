@@ -49,6 +49,34 @@ pub enum OfflineError {
     },
 }
 
+/// A render directory as `haptic render --out` (or `--render-dir`) writes it: `haproxy.cfg`,
+/// `maps/*` and `files/*` (certificates are never written there, so none are read).
+pub fn load_render_dir(dir: &Path) -> Result<crate::files::FileSet, OfflineError> {
+    use crate::files::RenderedFile;
+    let read = |path: PathBuf| -> Result<String, OfflineError> {
+        std::fs::read_to_string(&path).map_err(|source| OfflineError::Read { path, source })
+    };
+    let mut set = crate::files::FileSet {
+        haproxy_cfg: RenderedFile::new(read(dir.join("haproxy.cfg"))?),
+        maps: Default::default(),
+        files: Default::default(),
+        certs: Default::default(),
+    };
+    for (sub, into) in [("maps", &mut set.maps), ("files", &mut set.files)] {
+        let path = dir.join(sub);
+        let Ok(entries) = std::fs::read_dir(&path) else { continue };
+        for entry in entries {
+            let entry = entry.map_err(|source| OfflineError::Read { path: path.clone(), source })?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") || !entry.path().is_file() {
+                continue;
+            }
+            into.insert(name, RenderedFile::new(read(entry.path())?));
+        }
+    }
+    Ok(set)
+}
+
 /// Reads a full `HAProxyTemplateConfig` from a YAML or JSON file.
 pub fn load_config(path: &Path) -> Result<HAProxyTemplateConfig, OfflineError> {
     let text = std::fs::read_to_string(path).map_err(|source| OfflineError::Read { path: path.into(), source })?;

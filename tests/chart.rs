@@ -536,3 +536,95 @@ fn the_simulated_pods_declare_the_charts_readiness_probes() -> Result<()> {
     assert_eq!(env, chart, "tests/env/pod.json must declare the chart's probes");
     Ok(())
 }
+
+/// `haptic diff` between renders of the chart's library: the same render is no change; a new
+/// route to a Service that has a backend is map entries only; a Service scaled within its slots
+/// is server changes only; an Ingress with settings of its own (a new backend) is a reload.
+#[test]
+fn haptic_diff_names_map_server_and_reload_changes_between_renders() -> Result<()> {
+    let documents = render_chart("rel", "haptic-system", &[])?;
+    let config = documents.into_iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("no config")?;
+    let work = tempfile::tempdir()?;
+    let config_file = work.path().join("config.json");
+    std::fs::write(&config_file, serde_json::to_string(&config)?)?;
+    let resources = work.path().join("resources");
+    std::fs::create_dir_all(&resources)?;
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples/resources"))? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), resources.join(entry.file_name()))?;
+    }
+    let render = |name: &str| -> Result<std::path::PathBuf> {
+        let out = work.path().join(name);
+        let rendered = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args(["render", "--config"])
+            .arg(&config_file)
+            .arg("--resources")
+            .arg(&resources)
+            .arg("--out")
+            .arg(&out)
+            .output()?;
+        ensure!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+        Ok(out)
+    };
+    let diff = |before: &std::path::Path, after: &std::path::Path| -> Result<String> {
+        let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args(["diff", "--before"])
+            .arg(before)
+            .arg("--after")
+            .arg(after)
+            .output()?;
+        ensure!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        Ok(String::from_utf8(output.stdout)?)
+    };
+    let add = |file: &str, object: serde_json::Value| std::fs::write(resources.join(file), object.to_string());
+    let first = render("first")?;
+    ensure!(diff(&first, &first)? == "no change\n", "the same render is a change");
+
+    add(
+        "route.json",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "more", "namespace": "web"},
+            "spec": {"ingressClassName": "haproxy", "rules": [{"host": "more.example.com", "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "storefront", "port": {"number": 80}}}}]}}]}
+        }),
+    )?;
+    let routed = render("routed")?;
+    let said = diff(&first, &routed)?;
+    ensure!(
+        said.starts_with("runtime:")
+            && said.contains("add map host-prefix.map more.example.com/")
+            && !said.contains("server"),
+        "a new route to a Service with a backend:\n{said}"
+    );
+
+    add(
+        "scaled.json",
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "storefront-more", "namespace": "web", "labels": {"kubernetes.io/service-name": "storefront"}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["10.0.1.12"], "conditions": {"ready": true}}]
+        }),
+    )?;
+    let scaled = render("scaled")?;
+    let said = diff(&routed, &scaled)?;
+    ensure!(
+        said.starts_with("runtime:") && said.contains("10.0.1.12") && !said.contains("map"),
+        "a Service scaled within its slots:\n{said}"
+    );
+
+    add(
+        "settings.json",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "slow", "namespace": "web", "annotations": {"haptic.dev/timeout-server": "5s"}},
+            "spec": {"ingressClassName": "haproxy", "rules": [{"host": "slow.example.com", "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "storefront", "port": {"number": 80}}}}]}}]}
+        }),
+    )?;
+    let reloading = render("reloading")?;
+    let said = diff(&scaled, &reloading)?;
+    ensure!(said == "reload: configuration\n", "an Ingress with a backend of its own:\n{said}");
+    Ok(())
+}
