@@ -148,21 +148,7 @@ async fn a_new_leader_adopts_pods_in_sync_without_a_single_reload() -> Result<()
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
     let (_client, namespace) = setup("fleet-live-leader").await?;
-    let election = |identity: &str| Launch {
-        args: [
-            "--leader-election-lease",
-            "live",
-            "--leader-election-identity",
-            identity,
-            "--lease-duration-seconds",
-            "6",
-            "--lease-grace-seconds",
-            "2",
-        ]
-        .map(String::from)
-        .to_vec(),
-        ..Launch::default()
-    };
+    let election = |identity: &str| Launch::elected("live", identity);
     let dir_a = tempfile::tempdir()?;
     let journal_a = dir_a.path().join("journal");
     let a = ControllerProcess::launch(env, &namespace, "test", dir_a, &journal_a, &election("a"))?;

@@ -103,24 +103,6 @@ async fn status_writers(ingresses: &Api<Ingress>, name: &str) -> Result<Vec<Stri
         .collect())
 }
 
-fn replica(identity: &str, lease: &str) -> Launch {
-    Launch {
-        args: [
-            "--leader-election-lease",
-            lease,
-            "--leader-election-identity",
-            identity,
-            "--lease-duration-seconds",
-            "6",
-            "--lease-grace-seconds",
-            "2",
-        ]
-        .map(String::from)
-        .to_vec(),
-        ..Launch::default()
-    }
-}
-
 async fn leads(api: &str) -> bool {
     let Ok(answer) = reqwest::get(format!("{api}/metrics")).await else { return false };
     let text = answer.text().await.unwrap_or_default();
@@ -180,14 +162,16 @@ async fn only_the_leader_writes_the_haproxy_services_address() -> Result<()> {
     let lease = format!("{namespace}-lease");
     let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let (journal_a, journal_b) = (dir_a.path().join("journal"), dir_b.path().join("journal"));
-    let a = ControllerProcess::launch(env, &namespace, "haptic", dir_a, &journal_a, &replica("replica-a", &lease))?;
+    let a =
+        ControllerProcess::launch(env, &namespace, "haptic", dir_a, &journal_a, &Launch::elected(&lease, "replica-a"))?;
     let api_a = a.api_url().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !leads(&api_a).await {
         ensure!(Instant::now() < deadline, "replica A did not lead\n{}", a.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let b = ControllerProcess::launch(env, &namespace, "haptic", dir_b, &journal_b, &replica("replica-b", &lease))?;
+    let b =
+        ControllerProcess::launch(env, &namespace, "haptic", dir_b, &journal_b, &Launch::elected(&lease, "replica-b"))?;
     let api_b = b.api_url().await?;
 
     wait_for(&ingresses, "served", &["203.0.113.9"]).await?;

@@ -272,42 +272,24 @@ const REFUSED_PEER_KEYS: &[&str] = &["auth-url", "oauth", "auth-tls-secret", "au
 
 /// The names of the ssl-passthrough setting, which decides where an Ingress's routes go (the TLS
 /// frontend, not the HTTP maps) and so is read with the routes.
-pub(crate) const PASSTHROUGH_NAMES: &[&str] = &[
-    "haptic.dev/ssl-passthrough",
-    "haproxy-ingress.github.io/ssl-passthrough",
-    "ingress.kubernetes.io/ssl-passthrough",
-    "haproxy.org/ssl-passthrough",
-    "haproxy.com/ssl-passthrough",
-];
+pub(crate) static PASSTHROUGH_NAMES: LazyLock<Vec<String>> = LazyLock::new(|| names_of("ssl-passthrough"));
+
+/// The peers' prefixes, haproxy-ingress's then haproxytech's (`ingress.kubernetes.io/` is both's
+/// legacy one).
+const PEER_PREFIXES: [&str; 4] =
+    ["haproxy-ingress.github.io/", "ingress.kubernetes.io/", "haproxy.org/", "haproxy.com/"];
 
 /// Whether `name` is one of the peers' annotations that refuse an Ingress (see [`REFUSED_PEER_KEYS`]).
 fn is_refused(name: &str) -> bool {
-    ["haproxy-ingress.github.io/", "ingress.kubernetes.io/", "haproxy.org/", "haproxy.com/"]
-        .iter()
-        .filter_map(|prefix| name.strip_prefix(prefix))
-        .any(|key| REFUSED_PEER_KEYS.contains(&key))
+    PEER_PREFIXES.iter().filter_map(|prefix| name.strip_prefix(prefix)).any(|key| REFUSED_PEER_KEYS.contains(&key))
 }
-
-/// Every annotation name of a setting, in precedence order, with the setting it belongs to.
-static NAMES: LazyLock<Vec<(String, usize)>> = LazyLock::new(|| {
-    let mut names = Vec::new();
-    for (index, setting) in SETTINGS.iter().enumerate() {
-        names.extend(annotation_names(setting).into_iter().map(|name| (name, index)));
-    }
-    names
-});
-
-/// Every annotation name the library reads (settings and refused ones), for a quick test.
-static KNOWN: LazyLock<std::collections::HashSet<String>> = LazyLock::new(|| {
-    let mut known: std::collections::HashSet<String> = NAMES.iter().map(|(name, _)| name.clone()).collect();
-    for prefix in ["haproxy-ingress.github.io/", "ingress.kubernetes.io/", "haproxy.org/", "haproxy.com/"] {
-        known.extend(REFUSED_PEER_KEYS.iter().map(|key| format!("{prefix}{key}")));
-    }
-    known
-});
 
 /// Each setting's annotation names, in precedence order (index as in [`SETTINGS`]).
 static SETTING_NAMES: LazyLock<Vec<Vec<String>>> = LazyLock::new(|| SETTINGS.iter().map(annotation_names).collect());
+
+/// Every setting's annotation names at once, for the per-annotation test on the routes' path.
+static ALL_SETTING_NAMES: LazyLock<std::collections::HashSet<&'static str>> =
+    LazyLock::new(|| SETTING_NAMES.iter().flatten().map(String::as_str).collect());
 
 /// The settings of an Ingress that sets none: every Ingress without the library's annotations
 /// (most of them) shares this one value instead of building its own.
@@ -315,7 +297,7 @@ static NO_SETTINGS: LazyLock<Value> = LazyLock::new(|| Settings::default().into_
 
 /// The annotation names of the setting `key`, in precedence order (none for an unknown key).
 pub(crate) fn names_of(key: &str) -> Vec<String> {
-    SETTINGS.iter().find(|setting| setting.key == key).map(annotation_names).unwrap_or_default()
+    SETTINGS.iter().position(|setting| setting.key == key).map(|index| SETTING_NAMES[index].clone()).unwrap_or_default()
 }
 
 /// The annotation names of one setting, in precedence order.
@@ -337,12 +319,12 @@ pub(crate) fn annotation_names(setting: &Setting) -> Vec<String> {
 
 /// Whether an annotation name is one the library reads (so its Ingress needs backends of its own).
 pub(crate) fn is_setting(name: &str) -> bool {
-    NAMES.iter().any(|(known, _)| known == name)
+    ALL_SETTING_NAMES.contains(name)
 }
 
 /// Whether `name` is an annotation the library reads at all (a setting's or a refused one).
 fn is_known(name: &str) -> bool {
-    KNOWN.contains(name)
+    is_setting(name) || is_refused(name)
 }
 
 #[cfg(test)]
@@ -868,15 +850,17 @@ mod tests {
     #[test]
     fn the_passthrough_names_are_the_settings_names() {
         let setting = SETTINGS.iter().find(|s| s.key == "ssl-passthrough").expect("ssl-passthrough");
-        assert_eq!(annotation_names(setting), PASSTHROUGH_NAMES);
+        assert_eq!(annotation_names(setting), *PASSTHROUGH_NAMES);
     }
 
     #[test]
     fn every_annotation_name_belongs_to_one_setting() {
         let mut seen = std::collections::HashMap::new();
-        for (name, index) in NAMES.iter() {
-            if let Some(other) = seen.insert(name.clone(), *index) {
-                panic!("{name} names both {} and {}", SETTINGS[other].key, SETTINGS[*index].key);
+        for (index, name) in
+            SETTING_NAMES.iter().enumerate().flat_map(|(index, names)| names.iter().map(move |name| (index, name)))
+        {
+            if let Some(other) = seen.insert(name.clone(), index) {
+                panic!("{name} names both {} and {}", SETTINGS[other].key, SETTINGS[index].key);
             }
         }
         assert!(is_setting("haproxy.org/server-ssl") && !is_setting("haproxy.org/unknown"));

@@ -128,6 +128,19 @@ pub struct Launch {
 }
 
 impl Launch {
+    /// A replica `identity` electing a leader on the Lease `lease`, with a short lease (6 s, 2 s
+    /// of grace) so a test sees a takeover quickly.
+    #[allow(dead_code)]
+    pub fn elected(lease: &str, identity: &str) -> Self {
+        let args = ["--leader-election-lease", lease, "--leader-election-identity", identity].into_iter().chain([
+            "--lease-duration-seconds",
+            "6",
+            "--lease-grace-seconds",
+            "2",
+        ]);
+        Self { args: args.map(String::from).collect(), ..Self::default() }
+    }
+
     /// Trace export to the environment's OpenTelemetry Collector, as `service`, flushed every
     /// 100 ms so a test need not wait for the default 5 s batches.
     pub fn traced(env: &Manifest, service: &str) -> Self {
@@ -364,23 +377,8 @@ pub fn rendered(controller: &ControllerProcess) -> Result<BTreeMap<String, Strin
 }
 
 fn read_render_dir(controller: &ControllerProcess) -> Result<BTreeMap<String, String>> {
-    let mut files = BTreeMap::new();
-    let checksum =
-        |path: &Path| -> Result<String> { Ok(haptic::files::Checksum::of(&std::fs::read(path)?).to_string()) };
-    files.insert("haproxy.cfg".to_owned(), checksum(&controller.render_dir.join("haproxy.cfg"))?);
-    for (dir, prefix) in [("maps", "maps"), ("files", "files")] {
-        for entry in std::fs::read_dir(controller.render_dir.join(dir))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".tmp") {
-                continue;
-            }
-            // A file may be renamed over between the listing and the read: read it again later.
-            let Ok(sum) = checksum(&entry.path()) else { continue };
-            files.insert(format!("{prefix}/{name}"), sum);
-        }
-    }
-    Ok(files)
+    let files = haptic::offline::load_render_dir(&controller.render_dir)?;
+    Ok(files.entries().map(|(name, file)| (name, file.checksum.to_string())).collect())
 }
 
 /// Waits for a render other than `previous`, then for every pod to run it, InSync.
