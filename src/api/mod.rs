@@ -213,6 +213,10 @@ struct PodView {
     last_error: Option<String>,
     /// When the pod's next reload, waiting for the pace (`minDeploymentInterval`), may go out.
     reload_paced_until: Option<String>,
+    /// HAProxy's version, as the pod last reported it.
+    haproxy_version: Option<String>,
+    /// The Dataplane API's version, as the pod last reported it.
+    dataplane_api_version: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -239,6 +243,8 @@ fn pod_view(pod: &JournaledPod, current: Option<&CurrentRender>, paced: Option<s
         reload_paced_until: paced
             .and_then(|until| k8s_openapi::jiff::Timestamp::try_from(until).ok())
             .map(|until| until.to_string()),
+        haproxy_version: pod.versions.haproxy.clone(),
+        dataplane_api_version: pod.versions.dataplane_api.clone(),
     }
 }
 
@@ -423,7 +429,9 @@ pub fn openapi() -> serde_json::Value {
                 "pushedChecksums": {"type": "array", "nullable": true, "items": {"$ref": "#/components/schemas/Checksum"}},
                 "lastTransition": {"$ref": "#/components/schemas/Transition"},
                 "lastError": {"type": "string", "nullable": true},
-                "reloadPacedUntil": {"type": "string", "nullable": true}}}
+                "reloadPacedUntil": {"type": "string", "nullable": true},
+                "haproxyVersion": {"type": "string", "nullable": true},
+                "dataplaneApiVersion": {"type": "string", "nullable": true}}}
         }}
     });
     // Everything is behind a Kubernetes bearer token (see `authorize`).
@@ -497,6 +505,7 @@ mod tests {
                     state: PodState::InSync,
                     pushed: Some(vec![("haproxy.cfg".into(), crate::files::Checksum::of(b"x"))]),
                     copy: None,
+                    versions: Default::default(),
                     last_transition: TransitionEntry {
                         seq,
                         at: UNIX_EPOCH + Duration::from_secs(1_764_000_000 + seq),

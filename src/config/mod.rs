@@ -7,6 +7,7 @@
 
 mod duration;
 pub mod validate;
+mod version;
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use duration::ConfigDuration;
+pub use version::{HaproxyVersion, meets_minimum};
 
 /// API group of haptic's resources.
 pub const GROUP: &str = "haptic.dev";
@@ -155,6 +157,18 @@ pub struct DataplaneSettings {
     pub max_parallel: u32,
     /// How watched changes are coalesced into renders.
     pub debounce: DebounceSettings,
+    /// The oldest HAProxy the templates are written for (`2.8` or `2.8.5`): a pod whose HAProxy
+    /// is older, or does not say, is refused (nothing is deployed to it) and shown so.
+    #[serde(rename = "minimumHAProxyVersion", skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))]
+    pub minimum_haproxy_version: Option<String>,
+}
+
+impl DataplaneSettings {
+    /// The minimum HAProxy version, when one is stated (and readable: `validate` reports it otherwise).
+    pub fn minimum_haproxy(&self) -> Option<HaproxyVersion> {
+        self.minimum_haproxy_version.as_deref().and_then(HaproxyVersion::parse)
+    }
 }
 
 impl Default for DataplaneSettings {
@@ -170,6 +184,7 @@ impl Default for DataplaneSettings {
             certs_dir: "/etc/haproxy/ssl".into(),
             max_parallel: 10,
             debounce: DebounceSettings::default(),
+            minimum_haproxy_version: None,
         }
     }
 }

@@ -58,6 +58,14 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
             message: format!("window {} is longer than maxDelay {}", debounce.window, debounce.max_delay),
         });
     }
+    if let Some(minimum) = &spec.dataplane.minimum_haproxy_version
+        && super::HaproxyVersion::parse(minimum).is_none()
+    {
+        found.push(ConfigProblem {
+            field: "dataplane.minimumHAProxyVersion".into(),
+            message: "is a version such as 2.8 or 2.8.5".into(),
+        });
+    }
     found
 }
 
@@ -83,5 +91,16 @@ mod tests {
         assert!(found[0].starts_with("spec.watchedResources.ingresses.indexBy[1]: "), "{found:?}");
         assert!(found[0].contains("never closed"));
         assert_eq!(found[1], "spec.dataplane.debounce: window 10s is longer than maxDelay 1s");
+    }
+
+    #[test]
+    fn a_minimum_haproxy_version_that_is_no_version_is_located() {
+        let mut spec = spec("metadata.name");
+        spec.dataplane.debounce = Default::default();
+        spec.dataplane.minimum_haproxy_version = Some("2.8".into());
+        assert_eq!(problems(&spec), []);
+        spec.dataplane.minimum_haproxy_version = Some("latest".into());
+        let found: Vec<_> = problems(&spec).iter().map(ToString::to_string).collect();
+        assert_eq!(found, ["spec.dataplane.minimumHAProxyVersion: is a version such as 2.8 or 2.8.5"]);
     }
 }

@@ -68,7 +68,7 @@ impl Deployer {
             .collect();
         let present = pods.iter().map(|pod| PodUid(pod.info.uid.clone())).collect();
         let targets = FleetPods { targets, present };
-        let desired = Arc::new(Desired::new(files).traced(trace));
+        let desired = Arc::new(Desired::new(files).traced(trace).requiring(spec.dataplane.minimum_haproxy()));
         match &self.fleet {
             Some(fleet) => {
                 fleet.actions.set_access(access.clone());

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::driver::{ActionError, Desired, Patched, PodActions, PodTarget, Reading, StoredCopy, Validation};
+use super::driver::{
+    ActionError, Desired, Patched, PodActions, PodTarget, PodVersions, Reading, StoredCopy, Validation,
+};
 use crate::dataplane::{
     Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus,
     StorageKind, StoredConfig, WriteGuard,
@@ -504,14 +506,24 @@ impl PodActions for DataplaneActions {
         }
         // HAProxy's version decides which address changes can be made at run time; a runtime
         // that does not answer gets the cautious answer (it takes no runtime patch anyway).
-        let address_changes = match client.runtime_info().await {
-            Ok(info) => info["info"]["version"].as_str().map(AddressChanges::of_version).unwrap_or_default(),
+        // It is also shown by the API and checked against the configuration's minimum.
+        let haproxy = match client.runtime_info().await {
+            Ok(info) => info["info"]["version"].as_str().map(str::to_owned),
             Err(error) => {
                 tracing::debug!(pod = %pod.name, %error, "HAProxy's runtime information is unreadable");
-                AddressChanges::default()
+                None
             }
         };
-        Ok(Reading { observed, version, copy, address_changes })
+        let address_changes = haproxy.as_deref().map(AddressChanges::of_version).unwrap_or_default();
+        let dataplane_api = match client.info().await {
+            Ok(info) => Some(info.version),
+            Err(error) => {
+                tracing::debug!(pod = %pod.name, %error, "the Dataplane API's information is unreadable");
+                None
+            }
+        };
+        let versions = PodVersions { haproxy, dataplane_api };
+        Ok(Reading { observed, version, copy, address_changes, versions })
     }
 
     async fn validate(&self, pod: &PodTarget, desired: &Desired) -> Result<Validation, ActionError> {

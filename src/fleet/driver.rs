@@ -19,6 +19,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::machine::{Action, Event, FileChecksums, PodMachine, State};
+use crate::config::HaproxyVersion;
 use crate::dataplane::ConfigVersion;
 use crate::files::{Checksum, FileSet};
 use crate::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
@@ -47,6 +48,8 @@ pub struct Desired {
     pub checksums: FileChecksums,
     /// The reconciliation that rendered them, whose trace the pods' work joins.
     pub trace: Option<TraceParent>,
+    /// The oldest HAProxy the configuration supports: older pods are given nothing.
+    pub minimum_haproxy: Option<HaproxyVersion>,
 }
 
 /// The checksums a pod running `files` shows a verification, as the machine compares them.
@@ -60,7 +63,12 @@ impl Desired {
     /// Wraps a render.
     pub fn new(files: FileSet) -> Self {
         let checksums = deployed_checksums(&files);
-        Self { files: Arc::new(files), checksums, trace: None }
+        Self { files: Arc::new(files), checksums, trace: None, minimum_haproxy: None }
+    }
+
+    /// The same render, for pods whose HAProxy is at least `minimum`.
+    pub fn requiring(self, minimum: Option<HaproxyVersion>) -> Self {
+        Self { minimum_haproxy: minimum, ..self }
     }
 
     /// The same render, traced under `trace`.
@@ -108,6 +116,17 @@ pub struct Reading {
     /// What the pod's HAProxy does with open connections when a server's address changes at
     /// run time (from its version; the cautious answer when it cannot be read).
     pub address_changes: AddressChanges,
+    /// The versions the pod reports.
+    pub versions: PodVersions,
+}
+
+/// The versions a pod reports, as read (`None`: it did not say, or could not be asked).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodVersions {
+    /// HAProxy's, from its runtime (`2.8.25-5cf5d0683`).
+    pub haproxy: Option<String>,
+    /// The Dataplane API's (`v3.2.7 3f1e3ef3`).
+    pub dataplane_api: Option<String>,
 }
 
 /// What a runtime patch came to.
@@ -227,6 +246,12 @@ pub struct PodDriver<A: PodActions> {
     patch_in_doubt: bool,
     /// When this driver last reloaded the pod (a push), for pacing.
     last_reload: Option<Instant>,
+    /// The versions the pod reports: journaled, shown by the API, and checked against the
+    /// configuration's minimum.
+    versions: PodVersions,
+    /// Whether `versions` were read by this driver (not only remembered by the journal):
+    /// only then is a new render judged by them without reading the pod first.
+    versions_read: bool,
     /// What started the work in progress (a drift check's push is a drift repair).
     cause: Cause,
 }
@@ -261,6 +286,7 @@ impl<A: PodActions> PodDriver<A> {
         // What a push left on the pod stays evidence whoever made it: a file still stored
         // exactly as that push left it runs that push.
         let copy = record.as_ref().and_then(|record| record.copy);
+        let versions = record.as_ref().map(|record| record.versions.clone()).unwrap_or_default();
         let patch_in_doubt = record.as_ref().is_some_and(|record| record.state == State::RuntimePatching);
         let (pushed, seq) = match record {
             Some(record) if record.last_transition.term == settings.term => (record.pushed, record.last_transition.seq),
@@ -289,6 +315,8 @@ impl<A: PodActions> PodDriver<A> {
             address_changes: AddressChanges::default(),
             patch_in_doubt,
             last_reload: None,
+            versions,
+            versions_read: false,
             cause: Cause::Start,
         }
     }
@@ -428,7 +456,12 @@ impl<A: PodActions> PodDriver<A> {
                     if reading.copy.is_some() {
                         self.copy = reading.copy;
                     }
-                    Event::Verified { observed: Some(reading.observed) }
+                    self.versions = reading.versions;
+                    self.versions_read = true;
+                    match self.unsupported() {
+                        Some(event) => event,
+                        None => Event::Verified { observed: Some(reading.observed) },
+                    }
                 }
                 Err(error) => failed(error),
             },
@@ -533,6 +566,7 @@ impl<A: PodActions> PodDriver<A> {
             state: step.to,
             pushed: self.machine.pushed.clone(),
             copy: self.copy,
+            versions: self.versions.clone(),
             last_transition: TransitionEntry {
                 seq: self.seq,
                 at: SystemTime::now(),
@@ -582,9 +616,22 @@ impl<A: PodActions> PodDriver<A> {
     /// The machine's event for the desired files, planned as `planned` (runtime actions, or
     /// `None` for a full sync); the actions are kept for the patch it may lead to.
     fn desired_changed(&mut self, planned: Option<Vec<RuntimeAction>>) -> Event {
+        if self.versions_read
+            && let Some(event) = self.unsupported()
+        {
+            self.runtime_actions.clear();
+            return event;
+        }
         let runtime_only = planned.is_some();
         self.runtime_actions = planned.unwrap_or_default();
         Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only }
+    }
+
+    /// `Unsupported` when the pod's HAProxy, as last read, is below the desired files' minimum.
+    fn unsupported(&self) -> Option<Event> {
+        let reason =
+            crate::config::meets_minimum(self.versions.haproxy.as_deref(), self.desired.minimum_haproxy).err()?;
+        Some(Event::Unsupported { desired: self.desired.checksums.clone(), reason })
     }
 
     /// Until when a reload must wait, if the last one was less than the pace ago.
@@ -717,6 +764,7 @@ mod tests {
         failing_reloads: AtomicBool,
         reject: AtomicBool,
         state_at_push: Mutex<Vec<State>>,
+        haproxy_version: Mutex<Option<String>>,
     }
 
     impl FakePod {
@@ -729,6 +777,7 @@ mod tests {
                 failing_reloads: AtomicBool::new(false),
                 reject: AtomicBool::new(false),
                 state_at_push: Mutex::new(Vec::new()),
+                haproxy_version: Mutex::new(Some("2.8.25-5cf5d0683".into())),
             })
         }
 
@@ -753,7 +802,17 @@ mod tests {
         async fn verify(&self, _: &PodTarget, _: Option<&StoredCopy>, _: bool) -> Result<Reading, ActionError> {
             self.call("verify");
             let observed = self.runs.lock().unwrap().clone().unwrap_or_default();
-            Ok(Reading { observed, version: ConfigVersion(1), copy: None, address_changes: AddressChanges::Followed })
+            let versions = PodVersions {
+                haproxy: self.haproxy_version.lock().unwrap().clone(),
+                dataplane_api: Some("v3.2.7 3f1e3ef3".into()),
+            };
+            Ok(Reading {
+                observed,
+                version: ConfigVersion(1),
+                copy: None,
+                address_changes: AddressChanges::Followed,
+                versions,
+            })
         }
         async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, ActionError> {
             self.call("validate");
@@ -896,6 +955,7 @@ mod tests {
                         state: State::InSync,
                         pushed: Some(seed_pushed.clone()),
                         copy: None,
+                        versions: Default::default(),
                         last_transition: TransitionEntry {
                             seq: 7,
                             at: SystemTime::now(),
@@ -914,6 +974,32 @@ mod tests {
         );
         h.until("verified in sync", |p| p.last_transition.seq == 8 && p.state == State::InSync).await;
         assert_eq!(h.fake.calls(), ["verify"], "only a read, no write");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_below_the_minimum_haproxy_gets_nothing_until_the_minimum_allows_it() {
+        let requiring =
+            |tag: &str, minimum: &str| Arc::new((*desired(tag)).clone().requiring(HaproxyVersion::parse(minimum)));
+        let runs = desired("a").checksums.clone();
+        let h = start(|_| {}, Some(runs.clone()), requiring("b", "2.8"));
+        *h.fake.haproxy_version.lock().unwrap() = Some("2.6.12-1+deb12u4".into());
+        h.until("refused", |p| p.last_transition.error.is_some()).await;
+        let pod = h.journal.pod(&target().uid).unwrap().unwrap();
+        assert_eq!(pod.state, State::Unknown);
+        assert_eq!(pod.versions.haproxy.as_deref(), Some("2.6.12-1+deb12u4"), "the versions are journaled");
+        assert_eq!(pod.versions.dataplane_api.as_deref(), Some("v3.2.7 3f1e3ef3"));
+        let error = pod.last_transition.error.unwrap();
+        assert!(error.contains("2.6.12-1+deb12u4") && error.contains("2.8.0"), "{error}");
+        // Another render under the same minimum: judged by the versions read, nothing sent.
+        h.desired_tx.send(requiring("c", "2.8")).unwrap();
+        h.until("judged again", |p| p.last_transition.seq == 2).await;
+        assert_eq!(h.fake.calls(), ["verify"], "no validation, no push");
+        // The minimum lowered: read again, then deployed as any pod.
+        h.desired_tx.send(requiring("c", "2.6")).unwrap();
+        h.until("deployed", |p| p.state == State::InSync).await;
+        assert_eq!(h.fake.calls(), ["verify", "verify", "validate", "push"]);
+        assert_eq!(h.journal.pod(&target().uid).unwrap().unwrap().last_transition.error, None);
         h.stop().await;
     }
 

@@ -101,6 +101,16 @@ pub enum Event {
     RetryDue,
     /// The drift-prevention interval has passed.
     DriftTick,
+    /// The pod cannot be given the desired files at all (its HAProxy is older than the
+    /// configuration's minimum, or does not say): it is left as it is, and only read again
+    /// on the drift timer or a new render. Stands in for the `Verified` or `DesiredChanged`
+    /// that found it so.
+    Unsupported {
+        /// The desired checksums (as `DesiredChanged` would carry them).
+        desired: FileChecksums,
+        /// Why, naming both versions.
+        reason: String,
+    },
 }
 
 /// The event without its data: what the table is indexed by.
@@ -130,6 +140,8 @@ pub enum EventKind {
     RetryDue,
     /// See [`Event::DriftTick`].
     DriftTick,
+    /// See [`Event::Unsupported`].
+    Unsupported,
 }
 
 impl Event {
@@ -148,6 +160,7 @@ impl Event {
             Self::ActionFailed { .. } => EventKind::ActionFailed,
             Self::RetryDue => EventKind::RetryDue,
             Self::DriftTick => EventKind::DriftTick,
+            Self::Unsupported { .. } => EventKind::Unsupported,
         }
     }
 }
@@ -292,6 +305,14 @@ pub const TABLE: &[Transition] = &[
     row(Drifted, E::RetryDue, G::Always, Drifted, &[Validate]),
     row(Drifted, E::DesiredChanged, G::Always, Drifted, &[Validate]),
     row(Drifted, E::DriftTick, G::Always, Drifted, &[Validate]),
+    // A pod the configuration does not support (its HAProxy is too old) is left alone, whatever
+    // it was doing, and read again on the drift timer (from Unknown, above).
+    row(Unknown, E::Unsupported, G::Always, Unknown, &[]),
+    row(Validating, E::Unsupported, G::Always, Unknown, &[]),
+    row(Syncing, E::Unsupported, G::Always, Unknown, &[]),
+    row(RuntimePatching, E::Unsupported, G::Always, Unknown, &[]),
+    row(InSync, E::Unsupported, G::Always, Unknown, &[]),
+    row(Drifted, E::Unsupported, G::Always, Unknown, &[]),
 ];
 
 /// A pod's machine: its state and the data its guards read.
@@ -398,6 +419,15 @@ impl PodMachine {
                 // Verified again after a backoff: a pod someone keeps writing is no hot loop.
                 self.last_error = Some("the pod's configuration version moved under the push: verifying again".into());
                 self.attempts = self.attempts.saturating_add(1);
+            }
+            Event::Unsupported { desired, reason } => {
+                if *desired != self.desired {
+                    self.refused = None;
+                }
+                self.desired = desired.clone();
+                // Whatever was planned against what the pod ran, the next change is a full sync.
+                self.runtime_only = false;
+                self.last_error = Some(reason.clone());
             }
             Event::ValidationPassed | Event::RuntimePatchMismatch | Event::RetryDue | Event::DriftTick => {}
         }
@@ -575,6 +605,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_unsupported_pod_is_left_alone_from_any_state_and_read_again_on_the_drift_timer() {
+        for state in State::ALL {
+            let mut pod = PodMachine::new(files(2), Some(files(1)));
+            pod.state = state;
+            let step = pod.step(&Event::Unsupported { desired: files(2), reason: "HAProxy 2.6.12 is older".into() });
+            assert_eq!((step.to, step.actions.as_slice()), (Unknown, &[][..]), "from {state}");
+            assert_eq!(pod.last_error.as_deref(), Some("HAProxy 2.6.12 is older"));
+            assert_eq!(pod.pushed, Some(files(1)), "what the pod runs is still known");
+        }
+        let mut pod = PodMachine::new(files(2), Some(files(1)));
+        pod.step(&Event::Unsupported { desired: files(2), reason: "too old".into() });
+        assert_eq!(pod.step(&Event::DriftTick).actions, [Verify]);
+        // Supported again (the minimum was lowered, the pod upgraded): deployed as any pod.
+        assert_eq!(pod.step(&Event::Verified { observed: Some(files(1)) }).actions, [Validate]);
+        assert_eq!(pod.last_error, None);
+    }
+
     fn checksums() -> impl Strategy<Value = FileChecksums> {
         (0u8..3).prop_map(files)
     }
@@ -594,6 +642,7 @@ mod tests {
             Just(Event::ActionFailed { error: "unreachable".into() }),
             Just(Event::RetryDue),
             Just(Event::DriftTick),
+            checksums().prop_map(|desired| Event::Unsupported { desired, reason: "HAProxy 2.6 < 2.8".into() }),
         ]
     }
 

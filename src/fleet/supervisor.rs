@@ -180,6 +180,7 @@ mod tests {
                 version: ConfigVersion(1),
                 copy: None,
                 address_changes: crate::plan::AddressChanges::Followed,
+                versions: Default::default(),
             })
         }
         async fn validate(&self, _: &PodTarget, _: &Desired) -> Result<Validation, ActionError> {

@@ -22,14 +22,14 @@ use tracing::{error, info};
 
 use crate::dataplane::{ConfigVersion, StorageKind};
 use crate::files::Checksum;
-use crate::fleet::driver::StoredCopy;
+use crate::fleet::driver::{PodVersions, StoredCopy};
 use crate::fleet::machine::{FileChecksums, State};
 use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
 use records::{
-    MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, SlotsV1, StoredCopyV1, TransitionRecordV1, TransitionRecordV2,
-    UploadsV1, state_code, state_from_code,
+    MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, PodRecordV4, SlotsV1, StoredCopyV1, TransitionRecordV1,
+    TransitionRecordV2, UploadsV1, VersionsV1, state_code, state_from_code,
 };
 
 /// A pod's identity: its UID. A pod recreated under the same name is a new pod.
@@ -89,6 +89,8 @@ pub struct JournaledPod {
     pub pushed: Option<FileChecksums>,
     /// The last push to it, as it stores it (with the configuration version it left).
     pub copy: Option<StoredCopy>,
+    /// The versions it reported when last read.
+    pub versions: PodVersions,
     /// The last transition.
     pub last_transition: TransitionEntry,
 }
@@ -687,8 +689,8 @@ fn from_millis(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn pod_record(pod: &JournaledPod) -> PodRecordV3 {
-    PodRecordV3 {
+fn pod_record(pod: &JournaledPod) -> PodRecordV4 {
+    PodRecordV4 {
         uid: pod.uid.0.clone(),
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
@@ -699,6 +701,10 @@ fn pod_record(pod: &JournaledPod) -> PodRecordV3 {
             stored: *copy.stored.as_bytes(),
             version: copy.version.0,
         }),
+        versions: VersionsV1 {
+            haproxy: pod.versions.haproxy.clone(),
+            dataplane_api: pod.versions.dataplane_api.clone(),
+        },
         last: transition_record(&pod.last_transition),
     }
 }
@@ -727,10 +733,12 @@ fn state(code: u8, kind: RecordKind, version: u16) -> Result<State, CodecError> 
 fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
     let kind = RecordKind::Pod;
     let (version, payload) = codec::open(kind, bytes)?;
-    let record: PodRecordV3 = match version {
-        1 => PodRecordV2::from(codec::decode_payload::<PodRecordV1>(kind, version, payload)?).into(),
-        2 => codec::decode_payload::<PodRecordV2>(kind, version, payload)?.into(),
-        3 => codec::decode_payload(kind, version, payload)?,
+    let v3 = |v2: PodRecordV2| PodRecordV4::from(PodRecordV3::from(v2));
+    let record: PodRecordV4 = match version {
+        1 => v3(codec::decode_payload::<PodRecordV1>(kind, version, payload)?.into()),
+        2 => v3(codec::decode_payload::<PodRecordV2>(kind, version, payload)?),
+        3 => codec::decode_payload::<PodRecordV3>(kind, version, payload)?.into(),
+        4 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     Ok(JournaledPod {
@@ -744,6 +752,7 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
             stored: Checksum::from_bytes(copy.stored),
             version: ConfigVersion(copy.version),
         }),
+        versions: PodVersions { haproxy: record.versions.haproxy, dataplane_api: record.versions.dataplane_api },
         last_transition: transition_entry(record.last, kind, version)?,
     })
 }
@@ -751,10 +760,10 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
 fn decode_transition(bytes: &[u8]) -> Result<TransitionEntry, CodecError> {
     let kind = RecordKind::Transition;
     let (version, payload) = codec::open(kind, bytes)?;
-    // Schema 3 left transitions as schema 2 had them.
+    // Schemas 3 and 4 left transitions as schema 2 had them.
     let record: TransitionRecordV2 = match version {
         1 => codec::decode_payload::<TransitionRecordV1>(kind, version, payload)?.into(),
-        2 | 3 => codec::decode_payload(kind, version, payload)?,
+        2..=4 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     transition_entry(record, kind, version)
@@ -789,6 +798,7 @@ mod tests {
                 stored: Checksum::of(b"stored"),
                 version: ConfigVersion(seq),
             }),
+            versions: PodVersions { haproxy: Some("2.8.25".into()), dataplane_api: Some("v3.2.7".into()) },
             last_transition: TransitionEntry {
                 seq,
                 at: from_millis(1_700_000_000_000 + seq),
@@ -940,6 +950,45 @@ mod tests {
         let (journal, report) = Journal::open(&path, 100).unwrap();
         assert_eq!((report.upgraded_from, report.pods), (None, 3), "upgraded once, written in the new schema after");
         assert_eq!(journal.pod(&PodUid("c".into())).unwrap(), Some(pod("c", 1, State::InSync)));
+    }
+
+    #[test]
+    fn a_schema_3_journal_is_upgraded_to_4_and_knows_no_versions_until_the_pods_are_read() {
+        let (_dir, path) = fixture("journal-v3");
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!((report.moved_aside.clone(), report.upgraded_from, report.pods), (None, Some(3), 2), "{report:?}");
+        let pods = journal.pods().unwrap();
+        let states: Vec<_> = pods.iter().map(|p| (p.name.as_str(), p.state)).collect();
+        assert_eq!(states, [("haproxy-0", State::InSync), ("haproxy-1", State::Validating)]);
+        for pod in &pods {
+            assert_eq!(pod.versions, PodVersions::default(), "schema 3 kept no versions");
+            assert_eq!(
+                pod.pushed,
+                Some(vec![
+                    ("haproxy.cfg".into(), Checksum::of(b"global\n")),
+                    ("maps/host.map".into(), Checksum::of(b"example.com backend-0\n")),
+                ])
+            );
+            let copy = pod.copy.expect("the stored copy survives");
+            assert_eq!(
+                (copy.render, copy.stored, copy.version),
+                (Checksum::of(b"global\n"), Checksum::of(b"stored\n"), ConfigVersion(7))
+            );
+            assert_eq!(
+                (pod.last_transition.term, pod.last_transition.trace_id),
+                (LeaderTerm(3), Some(TraceId([3; 16])))
+            );
+            let seqs: Vec<_> = journal.transitions(&pod.uid, 0, 10).unwrap().iter().map(|t| t.seq).collect();
+            assert_eq!(seqs, [1, 2, 3]);
+        }
+        assert!(pods[1].last_transition.error.as_deref().is_some_and(|e| e.contains("haproxy.cfg:12")));
+        let mut read = pods[0].clone();
+        read.versions = PodVersions { haproxy: Some("2.6.12-1+deb12u4".into()), dataplane_api: Some("v3.2.7".into()) };
+        journal.commit(&read).unwrap();
+        drop(journal);
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!(report.upgraded_from, None);
+        assert_eq!(journal.pod(&read.uid).unwrap(), Some(read), "versions are kept once read");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::fleet::machine::State;
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: u16 = 3;
+pub const SCHEMA_VERSION: u16 = 4;
 
 /// A pod's current record, schema 1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +128,43 @@ impl From<PodRecordV2> for PodRecordV3 {
     }
 }
 
+/// A pod's current record, schema 4: schema 3 with the versions the pod reports (HAProxy's
+/// and the Dataplane API's), as last read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodRecordV4 {
+    pub(crate) uid: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) state: u8,
+    pub(crate) pushed: Option<Vec<(String, [u8; 32])>>,
+    pub(crate) copy: Option<StoredCopyV1>,
+    pub(crate) versions: VersionsV1,
+    pub(crate) last: TransitionRecordV2,
+}
+
+/// The versions a pod reports, version 1 (`None`: not read, or not said).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct VersionsV1 {
+    pub(crate) haproxy: Option<String>,
+    pub(crate) dataplane_api: Option<String>,
+}
+
+impl From<PodRecordV3> for PodRecordV4 {
+    /// Schema 3 kept no versions: unknown until the next verification reads them.
+    fn from(v3: PodRecordV3) -> Self {
+        Self {
+            uid: v3.uid,
+            namespace: v3.namespace,
+            name: v3.name,
+            state: v3.state,
+            pushed: v3.pushed,
+            copy: v3.copy,
+            versions: VersionsV1::default(),
+            last: v3.last,
+        }
+    }
+}
+
 /// The server slots of one configuration, version 1: per backend, per slot, the endpoint
 /// (address, port) it holds or nothing. Stored in a tree of its own, added within schema 2:
 /// a build that does not know it leaves it alone.
@@ -147,7 +184,7 @@ pub(crate) struct UploadsV1 {
     pub(crate) files: Vec<(u8, String, Option<[u8; 32]>)>,
 }
 
-/// The journal's metadata, schemas 1 to 3 (unchanged).
+/// The journal's metadata, schemas 1 to 4 (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaV1 {
     pub(crate) schema: u16,

@@ -31,6 +31,7 @@ fn main() {
             state: to,
             pushed: Some(files.clone()),
             copy: None,
+            versions: Default::default(),
             last_transition: TransitionEntry {
                 seq: seq / 3 + 1,
                 at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + seq),

@@ -34,6 +34,7 @@ fn record(driver: u64, seq: u64, files: &[(String, Checksum)]) -> JournaledPod {
         state: to,
         pushed: Some(files.to_vec()),
         copy: None,
+        versions: Default::default(),
         last_transition: TransitionEntry {
             seq,
             at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + seq),
