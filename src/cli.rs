@@ -36,6 +36,9 @@ pub enum Command {
     /// What taking a pod from one render to another takes: nothing, Runtime API changes (no
     /// reload, each listed), or a reload (and why).
     Diff(DiffArgs),
+    /// Run a configuration's validation tests offline: render each test's fixtures, check its
+    /// assertions, and send its requests through a local HAProxy running the render.
+    Validate(ValidateArgs),
     /// Run the controller: follow one HAProxyTemplateConfig, watch what it names, render.
     Run(RunArgs),
     /// Print the per-pod state machine as a Mermaid state diagram (from the transition table).
@@ -93,6 +96,10 @@ pub struct RunArgs {
     /// pods half this long before another replica may take over.
     #[arg(long, default_value_t = 5)]
     pub lease_grace_seconds: u64,
+    /// An HAProxy binary to run the configuration's validation-test requests through; without
+    /// it, only their file assertions gate a configuration (`haptic validate` runs them all).
+    #[arg(long, env = "HAPTIC_VALIDATION_HAPROXY")]
+    pub validation_haproxy: Option<PathBuf>,
 }
 
 /// Arguments of `haptic render`.
@@ -121,6 +128,23 @@ pub struct DiffArgs {
     /// The pod's HAProxy version: before 2.7, a server in traffic changes address by a reload.
     #[arg(long, default_value = "2.8")]
     pub haproxy_version: String,
+}
+
+/// Arguments of `haptic validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// A full HAProxyTemplateConfig (YAML or JSON) with `spec.validationTests`.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// A directory of resource files added to every test's fixtures.
+    #[arg(long)]
+    pub resources: Option<PathBuf>,
+    /// The HAProxy binary the requests run through (a name is looked up in PATH).
+    #[arg(long, env = "HAPTIC_VALIDATION_HAPROXY", default_value = "haproxy")]
+    pub haproxy: PathBuf,
+    /// Check the files only and skip the requests (no HAProxy needed).
+    #[arg(long)]
+    pub no_requests: bool,
 }
 
 /// Arguments of `haptic probe`.
@@ -213,6 +237,40 @@ pub fn render(args: RenderArgs) -> Result<()> {
     Ok(())
 }
 
+/// Runs `haptic validate`: one line per test, then every failure; fails when any test did.
+pub async fn validate(args: ValidateArgs) -> Result<()> {
+    let config = crate::offline::load_config(&args.config)?;
+    let problems = crate::config::validate::problems(&config.spec);
+    if !problems.is_empty() {
+        let lines: Vec<_> = problems.iter().map(ToString::to_string).collect();
+        bail!("{} is not a usable configuration:\n  {}", args.config.display(), lines.join("\n  "));
+    }
+    if config.spec.validation_tests.is_empty() {
+        println!("{}: no validation tests", args.config.display());
+        return Ok(());
+    }
+    let renderer = Renderer::compile(&config.spec).with_context(|| format!("in {}", args.config.display()))?;
+    let shared = match &args.resources {
+        Some(dir) => crate::offline::load_objects(dir)?,
+        None => Vec::new(),
+    };
+    let haproxy = (!args.no_requests).then_some(args.haproxy.as_path());
+    let report = crate::checks::run(&config.spec, &renderer, &shared, haproxy).await;
+    for test in &report.tests {
+        let verdict = if test.failures.is_empty() { "ok  " } else { "FAIL" };
+        let skipped = if test.skipped > 0 { format!(", {} request(s) skipped", test.skipped) } else { String::new() };
+        println!("{verdict} {} ({} assertion(s) checked{skipped})", test.name, test.checked);
+        for failure in &test.failures {
+            println!("     {failure}");
+        }
+    }
+    let failed = report.tests.iter().filter(|t| !t.failures.is_empty()).count();
+    if failed > 0 {
+        bail!("{failed} of {} validation tests failed: {}", report.tests.len(), report.summary());
+    }
+    Ok(())
+}
+
 /// Runs `haptic diff`: prints `no change`, `runtime: ...` with one action per line, or
 /// `reload: <reason>`.
 pub fn diff(args: DiffArgs) -> Result<()> {
@@ -276,6 +334,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         health_address: Some(args.health_address),
         api_auth: args.api_auth == ApiAuth::Kubernetes,
         election,
+        validation_haproxy: args.validation_haproxy,
     };
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)
 }

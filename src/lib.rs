@@ -5,6 +5,7 @@
 //! describes each module, what it owns and what it may call.
 
 pub mod api;
+pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod controller;

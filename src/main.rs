@@ -32,6 +32,10 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Render(args) => haptic::cli::render(args),
         Command::Diff(args) => haptic::cli::diff(args),
+        Command::Validate(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(haptic::cli::validate(args))
+        }
         Command::Run(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(haptic::cli::run(args))

@@ -113,6 +113,23 @@ pub fn load_objects(dir: &Path) -> Result<Vec<(PathBuf, Json)>, OfflineError> {
 
 /// Fills one store per watched alias with the objects it would watch.
 pub fn build_stores(spec: &HAProxyTemplateConfigSpec, objects: &[(PathBuf, Json)]) -> Result<Stores, OfflineError> {
+    fill_stores(spec, objects, true)
+}
+
+/// Fills one store per watched alias with `objects`, whatever namespace each is in: a
+/// validation test's fixtures check the templates, not which namespaces an installation watches.
+pub fn build_fixture_stores(
+    spec: &HAProxyTemplateConfigSpec,
+    objects: &[(PathBuf, Json)],
+) -> Result<Stores, OfflineError> {
+    fill_stores(spec, objects, false)
+}
+
+fn fill_stores(
+    spec: &HAProxyTemplateConfigSpec,
+    objects: &[(PathBuf, Json)],
+    in_watched_namespaces: bool,
+) -> Result<Stores, OfflineError> {
     let mut stores = Stores::new();
     for (alias, watched) in &spec.watched_resources {
         let error = |detail: String| OfflineError::Watched { alias: alias.clone(), detail };
@@ -125,7 +142,8 @@ pub fn build_stores(spec: &HAProxyTemplateConfigSpec, objects: &[(PathBuf, Json)
             let same_type = object.get("apiVersion").and_then(Json::as_str) == Some(watched.api_version.as_str())
                 && object.get("kind").and_then(Json::as_str) == Some(watched.kind.as_str());
             let namespace = object.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or_default();
-            let in_namespaces = watched.namespaces.as_ref().is_none_or(|n| n.iter().any(|n| n == namespace));
+            let in_namespaces =
+                !in_watched_namespaces || watched.namespaces.as_ref().is_none_or(|n| n.iter().any(|n| n == namespace));
             if same_type && in_namespaces && labels.matches(object) && fields.matches(object) {
                 store
                     .apply(object.clone())

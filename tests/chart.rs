@@ -502,6 +502,68 @@ fn the_default_library_renders_the_example_ingresses_of_its_class_into_a_config_
     Ok(())
 }
 
+/// The library's own validation tests (chart/library/validation-tests.yaml) ship in the
+/// chart's configuration and pass, requests included, on every HAProxy of the environment.
+#[test]
+fn the_default_library_ships_validation_tests_that_pass_on_every_haproxy() -> Result<()> {
+    let documents = render_chart("rel", "haptic-system", &[])?;
+    let config = documents.into_iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("no config")?;
+    let tests = config["spec"]["validationTests"].as_array().map_or(0, Vec::len);
+    ensure!(tests >= 4, "the chart's configuration ships {tests} validation tests");
+    let dir = tempfile::tempdir()?;
+    let config_file = dir.path().join("config.json");
+    std::fs::write(&config_file, serde_json::to_string(&config)?)?;
+    for haproxy in haproxy_binaries()? {
+        let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args(["validate", "--config"])
+            .arg(&config_file)
+            .arg("--haproxy")
+            .arg(&haproxy)
+            .output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        ensure!(
+            output.status.success() && stdout.lines().filter(|l| l.starts_with("ok ")).count() == tests,
+            "the library's validation tests with {}:\n{stdout}{}",
+            haproxy.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ensure!(!stdout.contains("skipped"), "every request ran:\n{stdout}");
+    }
+    // Another IngressClass: the shipped fixtures follow it.
+    let other_class = render_chart("rel", "haptic-system", &["--set", "ingressClass.name=internal"])?
+        .into_iter()
+        .find(|d| d["kind"] == "HAProxyTemplateConfig")
+        .context("no config")?;
+    std::fs::write(&config_file, serde_json::to_string(&other_class)?)?;
+    let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args(["validate", "--config"])
+        .arg(&config_file)
+        .arg("--haproxy")
+        .arg(&haproxy_binaries()?[0])
+        .output()?;
+    ensure!(output.status.success(), "with class internal:\n{}", String::from_utf8_lossy(&output.stdout));
+    // The tests do catch a broken library: a route that loses its prefix.
+    let mut broken = config.clone();
+    let routes = broken["spec"]["templates"]["maps"]["host-prefix.map"].as_str().context("host-prefix.map")?.to_owned();
+    broken["spec"]["templates"]["maps"]["host-prefix.map"] = json!("");
+    ensure!(!routes.is_empty());
+    std::fs::write(&config_file, serde_json::to_string(&broken)?)?;
+    let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args(["validate", "--config"])
+        .arg(&config_file)
+        .arg("--haproxy")
+        .arg(&haproxy_binaries()?[0])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(!output.status.success(), "a library without prefix routes passed its tests");
+    ensure!(
+        stderr.contains("validation test \"host-and-prefix-routing\", assertion 0: maps/host-prefix.map has no entry \"shop.example.com/api/\"")
+            && stderr.contains("GET shop.example.com/api/orders?page=2: no backend took it"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
 /// The environment's simulated pods (tests/env/pod.json) are probed as the chart's pods are:
 /// same containers' readiness probes and the ports they name, so the prober (kubelet's part in
 /// the environment) judges them as kubelet would judge the chart's.

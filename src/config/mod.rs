@@ -54,6 +54,110 @@ pub struct HAProxyTemplateConfigSpec {
     /// does). Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress_status: Option<IngressStatusSettings>,
+    /// Tests of the templates: fixtures rendered in place of the cluster's objects, and what
+    /// the result must hold. A version whose tests fail is not activated (`haptic validate`
+    /// runs them offline, requests included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation_tests: Vec<ValidationTest>,
+}
+
+/// One named validation test: its fixtures are rendered with the configuration's templates, and
+/// every assertion must hold.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationTest {
+    /// The test's name, unique in the configuration.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// What it checks, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Kubernetes objects in place of the cluster's, each taken by the watched resource of its
+    /// apiVersion and kind (as `haptic render --resources` does); Pods are the HAProxy pods.
+    #[serde(default)]
+    #[schemars(schema_with = "free_form_objects")]
+    pub fixtures: Vec<serde_json::Value>,
+    /// What the render must hold.
+    #[schemars(length(min = 1))]
+    pub assertions: Vec<Assertion>,
+}
+
+/// One assertion. Exactly one of `contains`, `notContains`, `matches`, `mapEntry` and
+/// `request` is set; the first three read `file`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Assertion {
+    /// The rendered file read: `haproxy.cfg` (the default), `maps/<name>`, `files/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The file holds this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contains: Option<String>,
+    /// The file does not hold this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_contains: Option<String>,
+    /// A line of the file matches this regular expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matches: Option<String>,
+    /// A map file has this entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map_entry: Option<MapEntryAssertion>,
+    /// A request through HAProxy running the render gets this answer (run by `haptic
+    /// validate`, and by the controller when it has an HAProxy binary: `--validation-haproxy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestAssertion>,
+}
+
+/// A map file's entry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapEntryAssertion {
+    /// The map's name (`host.map`).
+    pub map: String,
+    /// The key.
+    pub key: String,
+    /// Its value; any value when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// A plain-HTTP request through the rendered configuration, and the answer it must get.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestAssertion {
+    /// The port of the rendered configuration's `bind` the request goes to; when absent, the
+    /// first plain (not `ssl`) bind of a frontend that routes (`use_backend`, `default_backend`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The method (`GET` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The Host header.
+    pub host: String,
+    /// The path, with its query (`/` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Request headers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// The answer expected.
+    pub expect: ExpectedAnswer,
+}
+
+/// What a request must be answered with; at least one field is set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExpectedAnswer {
+    /// The backend section that takes the request (every HTTP backend answers in its name,
+    /// after its own rules: a redirect, a deny or an auth challenge answers first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// The status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Response headers (name → exact value).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
 }
 
 /// Which Ingresses get `status.loadBalancer`, and what it says.
@@ -251,6 +355,13 @@ pub struct Templates {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub extra_context: Option<serde_json::Value>,
+}
+
+fn free_form_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+    })
 }
 
 fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

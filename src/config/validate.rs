@@ -58,6 +58,20 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
             message: format!("window {} is longer than maxDelay {}", debounce.window, debounce.max_delay),
         });
     }
+    let mut test_names = std::collections::BTreeSet::new();
+    for (t, test) in spec.validation_tests.iter().enumerate() {
+        let at = format!("validationTests[{t}]");
+        if !test_names.insert(test.name.as_str()) {
+            found
+                .push(ConfigProblem { field: format!("{at}.name"), message: format!("{:?} is used twice", test.name) });
+        }
+        for (a, assertion) in test.assertions.iter().enumerate() {
+            let at = format!("{at}.assertions[{a}]");
+            if let Err(message) = assertion_shape(assertion) {
+                found.push(ConfigProblem { field: at, message });
+            }
+        }
+    }
     if let Some(minimum) = &spec.dataplane.minimum_haproxy_version
         && super::HaproxyVersion::parse(minimum).is_none()
     {
@@ -67,6 +81,43 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
         });
     }
     found
+}
+
+/// An assertion has exactly one kind, a readable regular expression and an answer to expect.
+fn assertion_shape(assertion: &super::Assertion) -> Result<(), String> {
+    let kinds = [
+        assertion.contains.is_some(),
+        assertion.not_contains.is_some(),
+        assertion.matches.is_some(),
+        assertion.map_entry.is_some(),
+        assertion.request.is_some(),
+    ];
+    if kinds.iter().filter(|set| **set).count() != 1 {
+        return Err("sets exactly one of contains, notContains, matches, mapEntry and request".into());
+    }
+    if assertion.file.is_some() && (assertion.map_entry.is_some() || assertion.request.is_some()) {
+        return Err("file goes with contains, notContains or matches only".into());
+    }
+    if let Some(pattern) = &assertion.matches {
+        regex::Regex::new(pattern).map_err(|error| format!("matches is no regular expression: {error}"))?;
+    }
+    if let Some(request) = &assertion.request {
+        let expect = &request.expect;
+        if expect.backend.is_none() && expect.status.is_none() && expect.headers.is_empty() {
+            return Err("request.expect names a backend, a status or headers".into());
+        }
+        if request
+            .method
+            .as_deref()
+            .is_some_and(|m| !(1..=16).contains(&m.len()) || !m.bytes().all(|b| b.is_ascii_uppercase()))
+        {
+            return Err("request.method is an HTTP method in capitals (GET, POST...)".into());
+        }
+        if request.path.as_deref().is_some_and(|path| !path.starts_with('/')) {
+            return Err("request.path starts with '/'".into());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -102,5 +153,28 @@ mod tests {
         spec.dataplane.minimum_haproxy_version = Some("latest".into());
         let found: Vec<_> = problems(&spec).iter().map(ToString::to_string).collect();
         assert_eq!(found, ["spec.dataplane.minimumHAProxyVersion: is a version such as 2.8 or 2.8.5"]);
+    }
+
+    #[test]
+    fn validation_tests_are_named_once_and_each_assertion_has_one_kind() {
+        let mut spec = spec("metadata.name");
+        spec.dataplane.debounce = Default::default();
+        spec.validation_tests = serde_json::from_value(serde_json::json!([
+            {"name": "a", "assertions": [{"contains": "backend"}, {"request": {"host": "x", "expect": {"status": 200}}}]},
+            {"name": "a", "assertions": [
+                {"contains": "x", "notContains": "y"},
+                {"matches": "(unclosed"},
+                {"request": {"host": "x", "expect": {}}},
+                {"file": "haproxy.cfg", "mapEntry": {"map": "host.map", "key": "k"}}
+            ]}
+        ]))
+        .unwrap();
+        let found: Vec<_> = problems(&spec).iter().map(ToString::to_string).collect();
+        assert_eq!(found.len(), 5, "{found:#?}");
+        assert_eq!(found[0], "spec.validationTests[1].name: \"a\" is used twice");
+        assert!(found[1].starts_with("spec.validationTests[1].assertions[0]: sets exactly one"), "{found:?}");
+        assert!(found[2].contains("matches is no regular expression"), "{found:?}");
+        assert!(found[3].contains("request.expect names"), "{found:?}");
+        assert!(found[4].contains("file goes with"), "{found:?}");
     }
 }

@@ -58,6 +58,9 @@ pub struct ControllerOptions {
     pub api_auth: bool,
     /// Leader election among replicas; without it, this replica deploys alone.
     pub election: Option<crate::election::ElectionSettings>,
+    /// The HAProxy binary the validation tests' requests run through; without it, only their
+    /// file assertions are checked here (`haptic validate` runs the rest).
+    pub validation_haproxy: Option<PathBuf>,
 }
 
 /// Errors that stop the controller.
@@ -235,9 +238,16 @@ pub async fn run(
                     continue;
                 }
                 // A newer version replaces one still being activated (dropping it stops it).
-                let (client, spec, namespace, changes) =
-                    (client.clone(), config.spec.clone(), options.namespace.clone(), watch_tx.clone());
-                let task = tokio::spawn(async move { activate(&client, &spec, &namespace, generation, changes).await });
+                let (client, spec, namespace, changes, haproxy) = (
+                    client.clone(),
+                    config.spec.clone(),
+                    options.namespace.clone(),
+                    watch_tx.clone(),
+                    options.validation_haproxy.clone(),
+                );
+                let task = tokio::spawn(async move {
+                    activate(&client, &spec, &namespace, generation, changes, haproxy.as_deref()).await
+                });
                 activation = Some(Activation { generation, spec: config.spec.clone(), task: AbortOnDrop(task) });
             }
             activated = async { (&mut activation.as_mut().expect("guarded by the condition").task.0).await },
@@ -496,6 +506,7 @@ async fn activate(
     namespace: &str,
     generation: i64,
     changes: mpsc::Sender<Change>,
+    validation_haproxy: Option<&std::path::Path>,
 ) -> Result<Active, ValidCondition> {
     let found = problems(spec);
     if !found.is_empty() {
@@ -504,6 +515,15 @@ async fn activate(
     }
     let renderer = Renderer::compile(spec)
         .map_err(|error| ValidCondition::refused(generation, "TemplateError", error.to_string()))?;
+    // The configuration's own tests, before anything of it is watched or served.
+    if !spec.validation_tests.is_empty() {
+        let report = crate::checks::run(spec, &renderer, &[], validation_haproxy).await;
+        if !report.passed() {
+            return Err(ValidCondition::refused(generation, "ValidationTestFailed", report.summary()));
+        }
+        let skipped: usize = report.tests.iter().map(|t| t.skipped).sum();
+        info!(tests = report.tests.len(), skipped_requests = skipped, "validation tests passed");
+    }
     let watches = Watches::start(client.clone(), spec, namespace, changes)
         .await
         .map_err(|error| ValidCondition::refused(generation, "UnknownResource", error.to_string()))?;
