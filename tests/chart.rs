@@ -292,6 +292,8 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         ("watch", "haptic.dev", "haproxytemplateconfigs", ns, None, None),
         ("patch", "haptic.dev", "haproxytemplateconfigs", ns, Some("haptic"), Some("status")),
         ("get", "", "secrets", ns, Some(secret.as_str()), None),
+        // The credentials Secret, watched by name: a rotation is deployed with at once.
+        ("watch", "", "secrets", ns, Some(secret.as_str()), None),
         // TLS certificates of Ingresses (listed with a type=kubernetes.io/tls field selector).
         ("list", "", "secrets", None, None, None),
         ("watch", "", "secrets", None, None, None),
@@ -502,60 +504,53 @@ fn the_default_library_renders_the_example_ingresses_of_its_class_into_a_config_
     Ok(())
 }
 
+/// `haptic validate` on `config` with `haproxy`: (success, stdout, stderr).
+fn validate(config: &serde_json::Value, haproxy: &std::path::Path) -> Result<(bool, String, String)> {
+    let dir = tempfile::tempdir()?;
+    let config_file = dir.path().join("config.json");
+    std::fs::write(&config_file, serde_json::to_string(config)?)?;
+    let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args(["validate", "--config"])
+        .arg(&config_file)
+        .arg("--haproxy")
+        .arg(haproxy)
+        .output()?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    Ok((output.status.success(), text(&output.stdout), text(&output.stderr)))
+}
+
 /// The library's own validation tests (chart/library/validation-tests.yaml) ship in the
 /// chart's configuration and pass, requests included, on every HAProxy of the environment.
 #[test]
 fn the_default_library_ships_validation_tests_that_pass_on_every_haproxy() -> Result<()> {
-    let documents = render_chart("rel", "haptic-system", &[])?;
-    let config = documents.into_iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("no config")?;
+    let config_with = |values: &[&str]| -> Result<serde_json::Value> {
+        render_chart("rel", "haptic-system", values)?
+            .into_iter()
+            .find(|d| d["kind"] == "HAProxyTemplateConfig")
+            .context("no config")
+    };
+    let config = config_with(&[])?;
     let tests = config["spec"]["validationTests"].as_array().map_or(0, Vec::len);
     ensure!(tests >= 4, "the chart's configuration ships {tests} validation tests");
-    let dir = tempfile::tempdir()?;
-    let config_file = dir.path().join("config.json");
-    std::fs::write(&config_file, serde_json::to_string(&config)?)?;
-    for haproxy in haproxy_binaries()? {
-        let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
-            .args(["validate", "--config"])
-            .arg(&config_file)
-            .arg("--haproxy")
-            .arg(&haproxy)
-            .output()?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
+    let binaries = haproxy_binaries()?;
+    for haproxy in &binaries {
+        let (passed, stdout, stderr) = validate(&config, haproxy)?;
         ensure!(
-            output.status.success() && stdout.lines().filter(|l| l.starts_with("ok ")).count() == tests,
-            "the library's validation tests with {}:\n{stdout}{}",
-            haproxy.display(),
-            String::from_utf8_lossy(&output.stderr)
+            passed && stdout.lines().filter(|l| l.starts_with("ok ")).count() == tests,
+            "the library's validation tests with {}:\n{stdout}{stderr}",
+            haproxy.display()
         );
         ensure!(!stdout.contains("skipped"), "every request ran:\n{stdout}");
     }
     // Another IngressClass: the shipped fixtures follow it.
-    let other_class = render_chart("rel", "haptic-system", &["--set", "ingressClass.name=internal"])?
-        .into_iter()
-        .find(|d| d["kind"] == "HAProxyTemplateConfig")
-        .context("no config")?;
-    std::fs::write(&config_file, serde_json::to_string(&other_class)?)?;
-    let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
-        .args(["validate", "--config"])
-        .arg(&config_file)
-        .arg("--haproxy")
-        .arg(&haproxy_binaries()?[0])
-        .output()?;
-    ensure!(output.status.success(), "with class internal:\n{}", String::from_utf8_lossy(&output.stdout));
+    let (passed, stdout, _) = validate(&config_with(&["--set", "ingressClass.name=internal"])?, &binaries[0])?;
+    ensure!(passed, "with class internal:\n{stdout}");
     // The tests do catch a broken library: a route that loses its prefix.
     let mut broken = config.clone();
-    let routes = broken["spec"]["templates"]["maps"]["host-prefix.map"].as_str().context("host-prefix.map")?.to_owned();
+    ensure!(broken["spec"]["templates"]["maps"]["host-prefix.map"].as_str().is_some_and(|t| !t.is_empty()));
     broken["spec"]["templates"]["maps"]["host-prefix.map"] = json!("");
-    ensure!(!routes.is_empty());
-    std::fs::write(&config_file, serde_json::to_string(&broken)?)?;
-    let output = Command::new(env!("CARGO_BIN_EXE_haptic"))
-        .args(["validate", "--config"])
-        .arg(&config_file)
-        .arg("--haproxy")
-        .arg(&haproxy_binaries()?[0])
-        .output()?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    ensure!(!output.status.success(), "a library without prefix routes passed its tests");
+    let (passed, _, stderr) = validate(&broken, &binaries[0])?;
+    ensure!(!passed, "a library without prefix routes passed its tests");
     ensure!(
         stderr.contains("validation test \"host-and-prefix-routing\", assertion 0: maps/host-prefix.map has no entry \"shop.example.com/api/\"")
             && stderr.contains("GET shop.example.com/api/orders?page=2: no backend took it"),

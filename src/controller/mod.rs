@@ -5,6 +5,7 @@
 //! active version running, and renders when watched changes, coalesced by the debouncer, call
 //! for it. Deploying the render to pods joins in the fleet issue (#4).
 
+mod credentials;
 mod deploy;
 mod gateway_status;
 mod ingress_status;
@@ -118,6 +119,8 @@ struct Active {
     /// Dataplane credentials and TLS settings, when the configuration names them and they
     /// could be read.
     access: Option<crate::dataplane::Access>,
+    /// The watch of the Secrets behind `access` (a rotation is deployed with at once).
+    _secrets_watch: Option<AbortOnDrop<()>>,
 }
 
 /// Follows one configuration, renders and (as the leader) deploys until `shutdown` completes;
@@ -136,6 +139,7 @@ pub async fn run(
         .backoff(crate::watch::reconnect_backoff())
         .boxed();
     let (watch_tx, mut watch_rx) = mpsc::channel::<Change>(1024);
+    let (access_tx, mut access_rx) = mpsc::channel::<credentials::AccessChanged>(8);
     let (render_tx, mut render_rx) = mpsc::channel::<Vec<Trigger>>(16);
     let sink = RenderSink::new(options.render_dir.clone());
     let instance = options.election.as_ref().map(|e| e.identity.clone()).unwrap_or_else(|| "haptic".into());
@@ -238,15 +242,22 @@ pub async fn run(
                     continue;
                 }
                 // A newer version replaces one still being activated (dropping it stops it).
-                let (client, spec, namespace, changes, haproxy) = (
+                let (client, spec, namespace, changes, haproxy, access_changes) = (
                     client.clone(),
                     config.spec.clone(),
                     options.namespace.clone(),
                     watch_tx.clone(),
                     options.validation_haproxy.clone(),
+                    access_tx.clone(),
                 );
                 let task = tokio::spawn(async move {
-                    activate(&client, &spec, &namespace, generation, changes, haproxy.as_deref()).await
+                    let outcome = activate(&client, &spec, &namespace, generation, changes, haproxy.as_deref()).await;
+                    outcome.map(|mut active| {
+                        // Started after the access was read: a change from here on is seen.
+                        let watch = credentials::watch(client, spec, namespace, generation, access_changes);
+                        active._secrets_watch = Some(AbortOnDrop(tokio::spawn(watch)));
+                        active
+                    })
                 });
                 activation = Some(Activation { generation, spec: config.spec.clone(), task: AbortOnDrop(task) });
             }
@@ -307,6 +318,23 @@ pub async fn run(
             Some(change) = watch_rx.recv() => {
                 if let Some(coalescer) = &coalescer {
                     coalescer.send(Trigger::Watch(change)).await;
+                }
+            }
+            Some(changed) = access_rx.recv() => {
+                let Some(active) = active.as_mut().filter(|a| a.generation == changed.generation) else { continue };
+                match changed.access {
+                    Ok(access) => {
+                        info!("the Dataplane credentials changed: deploying with them from now on");
+                        active.access = Some(access);
+                        // Pods that failed with the old credentials are tried again at once,
+                        // not at the end of their backoff.
+                        if let (Some(deployer), Some((files, trace))) = (deployer.as_mut(), &last_render) {
+                            deploy_render(deployer, active, files.clone(), trace.clone());
+                        }
+                    }
+                    Err(why) => {
+                        warn!(%why, "the Dataplane credentials changed into something unusable; the previous ones stay in use");
+                    }
                 }
             }
             changed = leadership.changed(), if leadership_open => {
@@ -544,7 +572,7 @@ async fn activate(
             None
         }
     };
-    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches, access })
+    Ok(Active { generation, spec: spec.clone(), renderer: Arc::new(renderer), watches, access, _secrets_watch: None })
 }
 
 /// The root span of one reconciliation: what triggered it (the first change names the

@@ -1044,6 +1044,14 @@ def cmd_dataplane(args: argparse.Namespace) -> int:
         if running:
             return 0
         pod_dir = Path(pod["dir"])
+        if args.password is not None:
+            # A credentials rotation: the sidecar restarts with its user's new password.
+            config = pod_dir / "dataplaneapi.yaml"
+            text = config.read_text()
+            rotated = re.sub(r"(?m)^(\s*password: ).*$", lambda m: m.group(1) + args.password, text, count=1)
+            if rotated == text and f"password: {args.password}" not in text:
+                raise EnvError(f"no password line in {config}")
+            config.write_text(rotated)
         binary = build_dataplaneapi()
         sup = Supervisor(state_dir, [p for p in processes if p.name != name])
         env = {"POD_IP": pod["ip"], "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
@@ -1090,6 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
     dataplane = sub.add_parser("dataplane", help="stop or start one pod's Dataplane API")
     dataplane.add_argument("action", choices=["stop", "start"])
     dataplane.add_argument("--pod", required=True)
+    dataplane.add_argument("--password", help="start it with this password for its user (a rotation)")
     dataplane.add_argument("--state-dir", default=os.environ.get("HAPTIC_ENV_DIR", str(DEFAULT_STATE_DIR)))
     args = parser.parse_args(argv)
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "install": cmd_install,

@@ -190,6 +190,21 @@ impl Manifest {
         Ok(())
     }
 
+    /// Restarts one pod's Dataplane API with `password` for its user, as a credentials
+    /// rotation does (the environment's own password puts it back).
+    #[allow(dead_code)]
+    pub fn rotate_dataplane_password(&self, pod: &EnvPod, password: &str) -> Result<()> {
+        self.dataplane_process(pod, "stop")?;
+        let status = Command::new("python3")
+            .arg(repo_root().join("tests/env/envctl.py"))
+            .args(["dataplane", "start", "--pod", &pod.name, "--password", password, "--state-dir"])
+            .arg(&self.state_dir)
+            .status()
+            .context("running tests/env/envctl.py dataplane start --password")?;
+        ensure!(status.success(), "envctl.py dataplane start --password on {} failed ({status})", pod.name);
+        Ok(())
+    }
+
     /// Stops (`"stop"`, SIGKILL, as a crashed sidecar) or starts (`"start"`) one pod's Dataplane API.
     pub fn dataplane_process(&self, pod: &EnvPod, action: &str) -> Result<()> {
         let status = Command::new("python3")
