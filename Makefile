@@ -9,7 +9,7 @@ TEST_ENV_NET ?= 1
 PYTHON ?= python3
 ENVCTL = $(PYTHON) tests/env/envctl.py
 
-.PHONY: demo test env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz
+.PHONY: demo test env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz image
 
 ## Bring up the local environment and show a request routed through HAProxy to a backend.
 demo: build
@@ -42,11 +42,12 @@ test-env-scripts:
 # The integration tests share one environment, started here and always stopped afterwards.
 # Every part is real and must start (the Dataplane API is built from its upstream source):
 # when one cannot, `envctl.py up` fails and says why, and so does `make test`.
-test-integration: build env-install
+# The image is built first: tests/image.rs checks it and runs its binary.
+test-integration: build env-install image
 	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
 	status=$$?; \
 	if [ $$status -eq 0 ]; then \
-		HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test --no-fail-fast --tests -- --test-threads=4; \
+		HAPTIC_IMAGE_DIR=$(abspath $(IMAGE_DIR)) HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test --no-fail-fast --tests -- --test-threads=4; \
 		status=$$?; \
 	fi; \
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
@@ -54,6 +55,19 @@ test-integration: build env-install
 
 env-install:
 	$(ENVCTL) install
+
+MUSL_TARGET = x86_64-unknown-linux-musl
+IMAGE_DIR ?= target/image
+IMAGE_REPOSITORY ?= ghcr.io/haptic-dev/haptic
+RELEASE_BINARY = $(or $(CARGO_TARGET_DIR),target)/$(MUSL_TARGET)/release/haptic
+
+## The container image without Docker or a registry: the static (musl) binary in an OCI image
+## layout, $(IMAGE_DIR)/oci, and an archive of it beside (docs/image.md). Needs musl-gcc (Debian: musl-tools).
+image:
+	@command -v musl-gcc >/dev/null || { echo "make image: musl-gcc is missing (Debian: apt-get install musl-tools)" >&2; exit 1; }
+	@rustup target list --installed | grep -qx $(MUSL_TARGET) || rustup target add $(MUSL_TARGET)
+	cargo build --release --locked --target $(MUSL_TARGET) --bin haptic
+	$(PYTHON) .ci/oci-image.py --binary $(RELEASE_BINARY) --out $(IMAGE_DIR) --repository $(IMAGE_REPOSITORY)
 
 env-up:
 	$(ENVCTL) up --state-dir $(ENV_DIR) --net $(ENV_NET) --pods $(PODS)
