@@ -121,6 +121,10 @@ pub fn install_render(
     for (from, to) in [("maps", "maps"), ("files", "general")] {
         for entry in std::fs::read_dir(controller.render_dir.join(from))? {
             let entry = entry?;
+            // A render being written leaves `<name>.tmp` files for a moment, renamed after.
+            if entry.file_name().to_string_lossy().ends_with(".tmp") {
+                continue;
+            }
             std::fs::copy(entry.path(), dir.join(to).join(entry.file_name()))?;
         }
     }
