@@ -100,6 +100,12 @@ pub struct RunArgs {
     /// it, only their file assertions gate a configuration (`haptic validate` runs them all).
     #[arg(long, env = "HAPTIC_VALIDATION_HAPROXY")]
     pub validation_haproxy: Option<PathBuf>,
+    /// Serve the validating admission webhook (HTTPS, `POST /validate`) on this address.
+    #[arg(long, env = "HAPTIC_WEBHOOK_ADDRESS")]
+    pub webhook_address: Option<std::net::SocketAddr>,
+    /// The webhook's certificate and key: `tls.crt` and `tls.key` in this directory.
+    #[arg(long, env = "HAPTIC_WEBHOOK_CERT_DIR", default_value = "/etc/haptic/webhook")]
+    pub webhook_cert_dir: PathBuf,
 }
 
 /// Arguments of `haptic render`.
@@ -120,8 +126,15 @@ pub struct RenderArgs {
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// The render a pod runs (a directory `haptic render --out` or `--render-dir` wrote).
+    #[arg(long, required_unless_present = "controller", conflicts_with = "controller")]
+    pub before: Option<PathBuf>,
+    /// A running controller's API (`http://haptic:8080`) in place of `--before`: the render its
+    /// pods run, and for each pod what the change takes on it (by its own HAProxy version).
     #[arg(long)]
-    pub before: PathBuf,
+    pub controller: Option<String>,
+    /// A bearer token for the controller's API (a user allowed to `get` `fleet.haptic.dev`).
+    #[arg(long, env = "HAPTIC_API_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The render it would take.
     #[arg(long)]
     pub after: PathBuf,
@@ -272,11 +285,44 @@ pub async fn validate(args: ValidateArgs) -> Result<()> {
 }
 
 /// Runs `haptic diff`: prints `no change`, `runtime: ...` with one action per line, or
-/// `reload: <reason>`.
-pub fn diff(args: DiffArgs) -> Result<()> {
-    let before = crate::offline::load_render_dir(&args.before)?;
-    let after = crate::offline::load_render_dir(&args.after)?;
-    print!("{}", describe_change(&before, &after, &args.haproxy_version));
+/// `reload: <reason>`; against a controller, once per pod.
+pub async fn diff(args: DiffArgs) -> Result<()> {
+    let mut after = crate::offline::load_render_dir(&args.after)?;
+    let Some(url) = &args.controller else {
+        let before = args.before.as_deref().context("--before or --controller")?;
+        let before = crate::offline::load_render_dir(before)?;
+        print!("{}", describe_change(&before, &after, &args.haproxy_version));
+        return Ok(());
+    };
+    let client = crate::api::client::ApiClient::new(url, args.token.clone())?;
+    let current = client.render().await.context("reading the controller's render")?;
+    // The API shows userlists' password hashes redacted: the new render is compared alike.
+    let shown = crate::files::redact_password_hashes(&after.haproxy_cfg.content).into_owned();
+    after.haproxy_cfg = crate::files::RenderedFile::new(shown);
+    println!("from the controller's render (generation {}) to {}", current.generation, args.after.display());
+    if after.certs.is_empty() && !current.files.certs.is_empty() {
+        // A render directory never holds private keys.
+        println!("certificates: not in {}, taken as unchanged", args.after.display());
+        after.certs = current.files.certs.clone();
+    }
+    let pods = client.pods().await.context("reading the controller's pods")?;
+    if pods.is_empty() {
+        print!("{}", describe_change(&current.files, &after, &args.haproxy_version));
+    }
+    for pod in pods {
+        let version = pod.haproxy_version.clone().unwrap_or_else(|| args.haproxy_version.clone());
+        if !pod.runs_current {
+            println!(
+                "pod {}/{} ({}): does not run the current render: a full sync, whatever the change",
+                pod.namespace, pod.name, pod.state
+            );
+            continue;
+        }
+        println!("pod {}/{} (HAProxy {version}, {}):", pod.namespace, pod.name, pod.state);
+        for line in describe_change(&current.files, &after, &version).lines() {
+            println!("  {line}");
+        }
+    }
     Ok(())
 }
 
@@ -334,6 +380,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         health_address: Some(args.health_address),
         api_auth: args.api_auth == ApiAuth::Kubernetes,
         election,
+        webhook: args.webhook_address.map(|address| crate::api::webhook::WebhookSettings {
+            address,
+            certificate_dir: args.webhook_cert_dir.clone(),
+            validator: args.validation_haproxy.clone(),
+        }),
         validation_haproxy: args.validation_haproxy,
     };
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)

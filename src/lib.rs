@@ -4,6 +4,7 @@
 //! with the journal, the HTTP API, telemetry and leader election at the side. `docs/ARCHITECTURE.md`
 //! describes each module, what it owns and what it may call.
 
+pub mod admission;
 pub mod api;
 pub mod checks;
 pub mod cli;

@@ -31,7 +31,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Render(args) => haptic::cli::render(args),
-        Command::Diff(args) => haptic::cli::diff(args),
+        Command::Diff(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(haptic::cli::diff(args))
+        }
         Command::Validate(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(haptic::cli::validate(args))

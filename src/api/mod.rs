@@ -18,6 +18,8 @@ use crate::files::FileSet;
 use crate::journal::{Journal, JournaledPod, TransitionEntry};
 
 pub mod auth;
+pub mod client;
+pub mod webhook;
 
 /// The render the API shows.
 #[derive(Clone, Debug)]

@@ -81,61 +81,9 @@ impl LocalHaproxy {
     /// Writes `files` to a scratch directory (the pods' directories from `dataplane` mapped
     /// into it), has `binary` check the configuration, then starts it and waits until it listens.
     pub async fn start(binary: &Path, files: &FileSet, dataplane: &DataplaneSettings) -> Result<Self, HaproxyError> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let unique = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("haptic-validate-{}-{unique}", std::process::id()));
-        let scratch = Scratch(dir.clone());
-        let write = |path: PathBuf, content: &str| {
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|source| HaproxyError::Scratch {
-                    what: "creating a directory",
-                    path: parent.into(),
-                    source,
-                })?;
-            }
-            std::fs::write(&path, content).map_err(|source| HaproxyError::Scratch { what: "writing", path, source })
-        };
-        let mut dirs = Vec::new();
-        for (pod_dir, local, named) in [
-            (&dataplane.maps_dir, "maps", &files.maps),
-            (&dataplane.general_dir, "general", &files.files),
-            (&dataplane.certs_dir, "certs", &files.certs),
-        ] {
-            let local_dir = dir.join(local);
-            std::fs::create_dir_all(&local_dir).map_err(|source| HaproxyError::Scratch {
-                what: "creating a directory",
-                path: local_dir.clone(),
-                source,
-            })?;
-            for (name, file) in named {
-                write(local_dir.join(name), &file.content)?;
-            }
-            dirs.push((format!("{}/", pod_dir.trim_end_matches('/')), format!("{}/", local_dir.display())));
-        }
-        let mut next_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|listener| listener.local_addr())
-                .map(|address| address.port())
-                .map_err(|error| format!("no free local port: {error}"))
-        };
-        let instrumented =
-            instrument(&files.haproxy_cfg.content, &dirs, &dir, &mut next_port).map_err(HaproxyError::Instrument)?;
-        let config = dir.join("haproxy.cfg");
-        write(config.clone(), &instrumented.config)?;
-
-        let check = Command::new(binary)
-            .arg("-c")
-            .arg("-f")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map_err(|source| HaproxyError::Spawn { binary: binary.into(), source })?;
-        if !check.status.success() {
-            let output =
-                format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
-            return Err(HaproxyError::Refused(alerts(&output, &config, &instrumented)));
-        }
+        let prepared = prepare(binary, files, dataplane).await?;
+        let Prepared { scratch, instrumented, config } = prepared;
+        let dir = scratch.0.clone();
         let log = dir.join("haproxy.log");
         let log_file = std::fs::File::create(&log).map_err(|source| HaproxyError::Scratch {
             what: "creating",
@@ -212,6 +160,78 @@ impl LocalHaproxy {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// A render written to a scratch directory, made runnable, and accepted by `haproxy -c`.
+struct Prepared {
+    scratch: Scratch,
+    instrumented: Instrumented,
+    config: PathBuf,
+}
+
+/// Writes `files` to a scratch directory (the pods' directories from `dataplane` mapped into
+/// it), instruments the configuration and has `binary` check it.
+async fn prepare(binary: &Path, files: &FileSet, dataplane: &DataplaneSettings) -> Result<Prepared, HaproxyError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unique = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("haptic-validate-{}-{unique}", std::process::id()));
+    let scratch = Scratch(dir.clone());
+    let write = |path: PathBuf, content: &str| {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| HaproxyError::Scratch {
+                what: "creating a directory",
+                path: parent.into(),
+                source,
+            })?;
+        }
+        std::fs::write(&path, content).map_err(|source| HaproxyError::Scratch { what: "writing", path, source })
+    };
+    let mut dirs = Vec::new();
+    for (pod_dir, local, named) in [
+        (&dataplane.maps_dir, "maps", &files.maps),
+        (&dataplane.general_dir, "general", &files.files),
+        (&dataplane.certs_dir, "certs", &files.certs),
+    ] {
+        let local_dir = dir.join(local);
+        std::fs::create_dir_all(&local_dir).map_err(|source| HaproxyError::Scratch {
+            what: "creating a directory",
+            path: local_dir.clone(),
+            source,
+        })?;
+        for (name, file) in named {
+            write(local_dir.join(name), &file.content)?;
+        }
+        dirs.push((format!("{}/", pod_dir.trim_end_matches('/')), format!("{}/", local_dir.display())));
+    }
+    let mut next_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .map_err(|error| format!("no free local port: {error}"))
+    };
+    let instrumented =
+        instrument(&files.haproxy_cfg.content, &dirs, &dir, &mut next_port).map_err(HaproxyError::Instrument)?;
+    let config = dir.join("haproxy.cfg");
+    write(config.clone(), &instrumented.config)?;
+
+    let check = Command::new(binary)
+        .arg("-c")
+        .arg("-f")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|source| HaproxyError::Spawn { binary: binary.into(), source })?;
+    if !check.status.success() {
+        let output = format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+        return Err(HaproxyError::Refused(alerts(&output, &config, &instrumented)));
+    }
+    Ok(Prepared { scratch, instrumented, config })
+}
+
+/// Whether HAProxy (`binary`) accepts the render `files` (`haproxy -c`, nothing started).
+pub async fn check(binary: &Path, files: &FileSet, dataplane: &DataplaneSettings) -> Result<(), HaproxyError> {
+    prepare(binary, files, dataplane).await.map(drop)
 }
 
 /// Status line and headers of an HTTP/1.1 answer.

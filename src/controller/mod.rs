@@ -62,6 +62,8 @@ pub struct ControllerOptions {
     /// The HAProxy binary the validation tests' requests run through; without it, only their
     /// file assertions are checked here (`haptic validate` runs the rest).
     pub validation_haproxy: Option<PathBuf>,
+    /// The validating admission webhook, when served.
+    pub webhook: Option<crate::api::webhook::WebhookSettings>,
 }
 
 /// Errors that stop the controller.
@@ -76,6 +78,9 @@ pub enum ControllerError {
     /// The journal could not be opened, even fresh.
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
+    /// The admission webhook could not be served.
+    #[error(transparent)]
+    Webhook(#[from] crate::api::webhook::WebhookError),
     /// The configuration watch ended, which only happens when the client is gone.
     #[error("the watch of HAProxyTemplateConfig {namespace}/{name} ended")]
     ConfigWatchEnded {
@@ -209,6 +214,17 @@ pub async fn run(
         }
         None => None,
     };
+    // The admission webhook judges against the version in force, published at each activation.
+    let (admission_tx, admission_rx) = watch::channel::<Option<Arc<crate::api::webhook::AdmissionSource>>>(None);
+    let _webhook_task = match &options.webhook {
+        Some(settings) => {
+            let config = (options.namespace.clone(), options.name.clone());
+            let (address, task) = crate::api::webhook::serve(settings, config, admission_rx).await?;
+            info!(%address, validator = ?settings.validator, "admission webhook listening");
+            Some(AbortOnDrop(task))
+        }
+        None => None,
+    };
     let _health_task = match options.health_address {
         Some(address) => {
             let listener = crate::api::bind(address, "health").await?;
@@ -286,6 +302,12 @@ pub async fn run(
                         }
                         // The old watches stop when `active` is replaced; the Gateway API status
                         // writer starts over with the version's controller name.
+                        admission_tx.send_replace(Some(Arc::new(crate::api::webhook::AdmissionSource {
+                            generation,
+                            spec: next.spec.clone(),
+                            renderer: next.renderer.clone(),
+                            view: next.watches.view(),
+                        })));
                         active = Some(next);
                         gateway_writer = None;
                         api.ready.store(true, std::sync::atomic::Ordering::Release);

@@ -375,6 +375,16 @@ impl Renderer {
 
     /// Renders every file from the current stores and pods.
     pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
+        self.render_keeping(stores, pods, true)
+    }
+
+    /// Renders as `render` does, but keeps nothing of it (server slots, the Gateway API
+    /// status): a what-if, such as an admission review of an object not yet stored.
+    pub fn render_dry(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
+        self.render_keeping(stores, pods, false)
+    }
+
+    fn render_keeping(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
         context::reset_tracking();
         let resources = Value::from_object(context::Resources::new(stores));
         // Slots are worked on in a copy and kept only if the whole render succeeds, so a render
@@ -415,6 +425,9 @@ impl Renderer {
         for (name, file) in shared.map(context::Shared::files).unwrap_or_default() {
             files.entry(name).or_insert(file);
         }
+        if !keep {
+            return Ok(FileSet { haproxy_cfg, maps, files, certs });
+        }
         if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
             *kept = shared.slots();
         }
@@ -433,10 +446,30 @@ impl Renderer {
         pods: &[PodInfo],
         max_left_out: usize,
     ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
+        self.leaving_out(stores, pods, max_left_out, true)
+    }
+
+    /// `render_leaving_out` as a what-if: nothing of it is kept (see `render_dry`).
+    pub fn render_dry_leaving_out(
+        &self,
+        stores: &Stores,
+        pods: &[PodInfo],
+        max_left_out: usize,
+    ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
+        self.leaving_out(stores, pods, max_left_out, false)
+    }
+
+    fn leaving_out(
+        &self,
+        stores: &Stores,
+        pods: &[PodInfo],
+        max_left_out: usize,
+        keep: bool,
+    ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
         let mut stores = stores.clone();
         let mut left_out = Vec::new();
         loop {
-            let error = match self.render(&stores, pods) {
+            let error = match self.render_keeping(&stores, pods, keep) {
                 Ok(files) => return Ok((files, left_out)),
                 Err(error) => error,
             };

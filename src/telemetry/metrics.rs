@@ -85,6 +85,8 @@ pub struct Metrics {
     pub renders: Family<OutcomeLabels, Counter>,
     /// Render duration.
     pub render_seconds: Histogram,
+    /// Time to judge one admission review (render with the object, HAProxy's check).
+    pub admission_seconds: Histogram,
     /// Reconciliations (coalesced batches of changes) by what triggered them.
     pub reconciliations: Family<TriggerLabels, Counter>,
     /// Watch events that changed a store, by alias.
@@ -125,6 +127,7 @@ impl Metrics {
         let metrics = Self {
             renders: Family::default(),
             render_seconds: Histogram::new(duration_buckets()),
+            admission_seconds: Histogram::new(duration_buckets()),
             reconciliations: Family::default(),
             watch_events: Family::default(),
             transitions: Family::default(),
@@ -142,6 +145,11 @@ impl Metrics {
         };
         registry.register("renders", "Renders by outcome", metrics.renders.clone());
         registry.register("render_duration_seconds", "Time to render every file", metrics.render_seconds.clone());
+        registry.register(
+            "admission_duration_seconds",
+            "Time to judge one admission review (render with the object, HAProxy's check)",
+            metrics.admission_seconds.clone(),
+        );
         registry.register("reconciliations", "Coalesced reconciliations by trigger", metrics.reconciliations.clone());
         registry.register(
             "watch_events",

@@ -233,7 +233,33 @@ impl Watches {
 
     /// Every store as it is now.
     pub fn snapshot(&self) -> Stores {
+        self.view().snapshot()
+    }
+
+    /// A handle on the stores and pods that outlives no watch but can be read from elsewhere
+    /// (the admission webhook): each read sees them as they are then.
+    pub fn view(&self) -> StoresView {
+        StoresView { stores: self.stores.clone(), pods: self.pods.clone() }
+    }
+}
+
+/// The stores and pods of a `Watches`, readable from another task.
+#[derive(Clone)]
+pub struct StoresView {
+    stores: BTreeMap<String, Arc<SharedStore>>,
+    pods: Arc<Mutex<Vec<HaproxyPod>>>,
+}
+
+impl StoresView {
+    /// Every store as it is now.
+    pub fn snapshot(&self) -> Stores {
         self.stores.iter().map(|(alias, store)| (alias.clone(), store.snapshot())).collect()
+    }
+
+    /// The ready HAProxy pods, as templates see them.
+    pub fn pods(&self) -> Vec<PodInfo> {
+        let pods = self.pods.lock().map(|pods| pods.clone()).unwrap_or_default();
+        pods.into_iter().filter(|pod| pod.ready).map(|pod| pod.info).collect()
     }
 }
 

@@ -5,8 +5,12 @@
 //! at 10,000. The same fleets are rendered with the chart's default library too (six maps,
 //! TLS, server slots), when Helm is at hand (`make env-install` builds it) to render the chart.
 
+#[path = "../support/chart_config.rs"]
+mod chart_config;
 #[path = "../support/synthetic.rs"]
 mod synthetic;
+
+use chart_config::chart_config_with;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -56,25 +60,6 @@ fn stores_for(config: &HAProxyTemplateConfig, objects: &[serde_json::Value]) -> 
 /// The chart's default configuration, as `helm template` renders it.
 fn chart_config() -> Option<HAProxyTemplateConfig> {
     chart_config_with(&[])
-}
-
-/// The chart's configuration with these `--set` values.
-fn chart_config_with(values: &[&str]) -> Option<HAProxyTemplateConfig> {
-    let helm = std::env::var_os("HAPTIC_HELM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/haptic-env/bin/helm"));
-    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("chart");
-    let output = std::process::Command::new(&helm)
-        .args(["template", "bench"])
-        .arg(&chart)
-        .args(["--namespace", "haptic-system", "--kube-version", "1.36.3"])
-        .args(values.iter().flat_map(|value| ["--set", value]))
-        .output()
-        .ok()
-        .filter(|o| o.status.success())?;
-    let text = String::from_utf8(output.stdout).ok()?;
-    let document = text.split("\n---").find(|d| d.contains("kind: HAProxyTemplateConfig"))?;
-    serde_saphyr::from_str(document).ok()
 }
 
 fn render(c: &mut Criterion) {

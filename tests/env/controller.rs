@@ -268,6 +268,12 @@ impl ControllerProcess {
         self.listening_url("health listening").await
     }
 
+    /// The `host:port` the controller said it listens on in the log line `message`.
+    #[allow(dead_code)]
+    pub async fn listening_address(&self, message: &str) -> Result<String> {
+        Ok(self.listening_url(message).await?.trim_start_matches("http://").to_owned())
+    }
+
     async fn listening_url(&self, message: &str) -> Result<String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

@@ -1,0 +1,196 @@
+//! Admission: what an object not yet stored would do to the render, judged before the API
+//! server stores it. The configuration is rendered with the proposed object in place of the
+//! stored one (a dry run: nothing of it is kept); the object is refused when the render would
+//! leave it out (a value HAProxy cannot take, as the controller would refuse it after the fact)
+//! or would fail, and when HAProxy would refuse the result. The same for a new version of the
+//! followed `HAProxyTemplateConfig`: its checks, its validation tests, and its render of the
+//! current objects. Pure but for the HAProxy check, which `Validator` leaves to the caller.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
+use crate::config::HAProxyTemplateConfigSpec;
+use crate::files::FileSet;
+use crate::render::{PodInfo, Renderer};
+use crate::store::{ObjectKey, ResourceStore, Stores, object_key};
+
+/// How many objects already refused a review's render may leave out (as the controller's).
+const MAX_LEFT_OUT: usize = 100;
+
+/// What the controller renders from, as the webhook sees it at one instant.
+#[derive(Clone)]
+pub struct Snapshot {
+    /// The configuration version in force.
+    pub generation: i64,
+    /// Its spec.
+    pub spec: HAProxyTemplateConfigSpec,
+    /// Its templates.
+    pub renderer: Arc<Renderer>,
+    /// The stores now.
+    pub stores: Stores,
+    /// The ready HAProxy pods now.
+    pub pods: Vec<PodInfo>,
+}
+
+/// The change asked for.
+#[derive(Clone, Debug)]
+pub struct Proposal {
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
+    pub operation: String,
+    /// The object as it would be stored (absent for a deletion).
+    pub object: Option<Json>,
+}
+
+/// The answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it through; the note says why when nothing was rendered.
+    Allowed(Option<String>),
+    /// Refuse it, saying why.
+    Denied(String),
+}
+
+/// The render a proposal leads to, still to be checked by HAProxy; or the verdict already.
+pub enum Judged {
+    /// A render to validate.
+    Render(FileSet),
+    /// Decided without HAProxy.
+    Decided(Verdict),
+}
+
+/// Whether the watched resource `alias` takes `object` (type, namespaces, selectors).
+fn takes(spec: &HAProxyTemplateConfigSpec, alias: &str, object: &Json) -> bool {
+    let Some(watched) = spec.watched_resources.get(alias) else { return false };
+    let text = |pointer: &str| object.pointer(pointer).and_then(Json::as_str).unwrap_or_default();
+    if text("/apiVersion") != watched.api_version || text("/kind") != watched.kind {
+        return false;
+    }
+    let namespace = text("/metadata/namespace");
+    if watched.namespaces.as_ref().is_some_and(|n| !n.iter().any(|n| n == namespace)) {
+        return false;
+    }
+    let labels = crate::store::selector::LabelSelector::parse(watched.label_selector.as_deref().unwrap_or_default());
+    let fields = crate::store::selector::FieldSelector::parse(watched.field_selector.as_deref().unwrap_or_default());
+    matches!((labels, fields), (Ok(labels), Ok(fields)) if labels.matches(object) && fields.matches(object))
+}
+
+/// Renders `snapshot` with `proposal` in place of the stored object.
+pub fn judge_object(snapshot: &Snapshot, proposal: &Proposal) -> Judged {
+    let Some(object) = proposal.object.as_ref().filter(|_| proposal.operation != "DELETE") else {
+        return Judged::Decided(Verdict::Allowed(Some("deletions are not judged".into())));
+    };
+    let aliases: Vec<&String> =
+        snapshot.spec.watched_resources.keys().filter(|alias| takes(&snapshot.spec, alias, object)).collect();
+    if aliases.is_empty() {
+        return Judged::Decided(Verdict::Allowed(Some("not watched by this configuration".into())));
+    }
+    let Some(key) = object_key(object) else {
+        return Judged::Decided(Verdict::Denied("the object has no name".into()));
+    };
+    let mut stores = snapshot.stores.clone();
+    for alias in aliases {
+        if let Some(store) = stores.get_mut(alias) {
+            let mut proposed = ResourceStore::clone(store);
+            if let Err(error) = proposed.apply(object.clone()) {
+                return Judged::Decided(Verdict::Denied(format!("it cannot be read: {error}")));
+            }
+            *store = Arc::new(proposed);
+        }
+    }
+    let kind = object.get("kind").and_then(Json::as_str).unwrap_or_default();
+    match snapshot.renderer.render_dry_leaving_out(&stores, &snapshot.pods, MAX_LEFT_OUT) {
+        Ok((files, left_out)) => {
+            let own = left_out.iter().find(|error| is(error.offending_object(), kind, &key));
+            match own {
+                Some(error) => Judged::Decided(Verdict::Denied(format!("haptic would leave it out: {error}"))),
+                None => Judged::Render(files),
+            }
+        }
+        Err(error) => Judged::Decided(Verdict::Denied(format!("the configuration would not render with it: {error}"))),
+    }
+}
+
+fn is(object: Option<&crate::store::ObjectRef>, kind: &str, key: &ObjectKey) -> bool {
+    object.is_some_and(|object| object.kind == kind && object.key == *key)
+}
+
+/// Judges a new version of the followed configuration: its checks, its templates, its
+/// validation tests' file assertions, and its render of the current objects (still to be
+/// checked by HAProxy).
+pub fn judge_config(spec: &HAProxyTemplateConfigSpec, current: Option<&Snapshot>) -> Judged {
+    let problems = crate::config::validate::problems(spec);
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Judged::Decided(Verdict::Denied(lines.join("; ")));
+    }
+    let renderer = match Renderer::compile(spec) {
+        Ok(renderer) => renderer,
+        Err(error) => return Judged::Decided(Verdict::Denied(error.to_string())),
+    };
+    for test in &spec.validation_tests {
+        let files = match crate::checks::render_fixtures(spec, &renderer, test, &[]) {
+            Ok(files) => files,
+            Err(message) => {
+                return Judged::Decided(Verdict::Denied(format!("validation test {:?}: {message}", test.name)));
+            }
+        };
+        for (index, assertion) in test.assertions.iter().enumerate() {
+            if let Some(Err(message)) = crate::checks::check_file_assertion(assertion, &files) {
+                return Judged::Decided(Verdict::Denied(format!(
+                    "validation test {:?}, assertion {index}: {message}",
+                    test.name
+                )));
+            }
+        }
+    }
+    // Its render of the objects in the stores now, when the watched types are the same.
+    let Some(current) = current.filter(|c| c.spec.watched_resources == spec.watched_resources) else {
+        return Judged::Decided(Verdict::Allowed(Some("its render waits for its own watches".into())));
+    };
+    renderer.seed_slots(current.renderer.slots());
+    match renderer.render_dry_leaving_out(&current.stores, &current.pods, MAX_LEFT_OUT) {
+        Ok((files, _)) => Judged::Render(files),
+        Err(error) => Judged::Decided(Verdict::Denied(format!("it would not render the current objects: {error}"))),
+    }
+}
+
+/// Checks a render with HAProxy, the last step of a judgement.
+pub trait Validator: Send + Sync {
+    /// `Err` with HAProxy's alerts when it refuses `files`.
+    fn validate<'a>(
+        &'a self,
+        files: &'a FileSet,
+        spec: &'a HAProxyTemplateConfigSpec,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>;
+}
+
+/// Validation by a local HAProxy binary (`haproxy -c` on the render, made runnable here).
+pub struct LocalHaproxy(pub std::path::PathBuf);
+
+impl Validator for LocalHaproxy {
+    fn validate<'a>(
+        &'a self,
+        files: &'a FileSet,
+        spec: &'a HAProxyTemplateConfigSpec,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+        Box::pin(async move {
+            crate::checks::haproxy::check(Path::new(&self.0), files, &spec.dataplane).await.map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The whole judgement of one proposal: render, then HAProxy when there is a render.
+pub async fn judge(judged: Judged, spec: &HAProxyTemplateConfigSpec, validator: Option<&dyn Validator>) -> Verdict {
+    match judged {
+        Judged::Decided(verdict) => verdict,
+        Judged::Render(files) => match validator {
+            None => Verdict::Allowed(Some("rendered; not checked by HAProxy (no validator)".into())),
+            Some(validator) => match validator.validate(&files, spec).await {
+                Ok(()) => Verdict::Allowed(None),
+                Err(alerts) => Verdict::Denied(alerts),
+            },
+        },
+    }
+}

@@ -1,0 +1,214 @@
+//! The validating admission webhook, over TLS: the API server sends an `AdmissionReview` for
+//! each watched object (and for the followed `HAProxyTemplateConfig`) before it stores it, and
+//! gets back the verdict of `admission` (the render with the object in place, checked by
+//! HAProxy when a validator is set). Every replica serves it, from its own watches.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use kube::api::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use thiserror::Error;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::admission::{LocalHaproxy, Proposal, Snapshot, Validator, Verdict};
+use crate::config::HAProxyTemplateConfigSpec;
+use crate::render::Renderer;
+use crate::watch::StoresView;
+
+/// Where and how the webhook listens.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    /// The address (the chart's Service points at it).
+    pub address: SocketAddr,
+    /// A directory with `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret mounted there).
+    pub certificate_dir: PathBuf,
+    /// An HAProxy binary that checks each render; without it, renders are judged by haptic's
+    /// own refusals only.
+    pub validator: Option<PathBuf>,
+}
+
+/// The configuration version in force, as the webhook judges against it.
+pub struct AdmissionSource {
+    /// Its generation.
+    pub generation: i64,
+    /// Its spec.
+    pub spec: HAProxyTemplateConfigSpec,
+    /// Its templates.
+    pub renderer: Arc<Renderer>,
+    /// Its stores and pods, read at each review.
+    pub view: StoresView,
+}
+
+/// Why the webhook cannot serve.
+#[derive(Debug, Error)]
+pub enum WebhookError {
+    /// The certificate or key is unreadable.
+    #[error("the webhook's TLS material in {}: {detail}", dir.display())]
+    Certificate {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The address cannot be listened on.
+    #[error("the admission webhook cannot listen on {address}: {source}")]
+    Listen {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone)]
+struct WebhookState {
+    source: watch::Receiver<Option<Arc<AdmissionSource>>>,
+    config: (String, String),
+    validator: Option<Arc<LocalHaproxy>>,
+}
+
+fn tls_config(dir: &std::path::Path) -> Result<rustls::ServerConfig, WebhookError> {
+    let failed = |detail: String| WebhookError::Certificate { dir: dir.into(), detail };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("tls.crt"))
+        .map_err(|e| failed(format!("tls.crt: {e}")))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| failed(format!("tls.crt: {e}")))?;
+    if chain.is_empty() {
+        return Err(failed("tls.crt holds no certificate".into()));
+    }
+    let key = PrivateKeyDer::from_pem_file(dir.join("tls.key")).map_err(|e| failed(format!("tls.key: {e}")))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| failed(e.to_string()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Starts the webhook for the configuration `namespace/name`; gives the address it listens on.
+pub async fn serve(
+    settings: &WebhookSettings,
+    config: (String, String),
+    source: watch::Receiver<Option<Arc<AdmissionSource>>>,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), WebhookError> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&settings.certificate_dir)?));
+    let listener = tokio::net::TcpListener::bind(settings.address)
+        .await
+        .map_err(|source| WebhookError::Listen { address: settings.address, source })?;
+    let address = listener.local_addr().map_err(|source| WebhookError::Listen { address: settings.address, source })?;
+    let state =
+        WebhookState { source, config, validator: settings.validator.clone().map(|b| Arc::new(LocalHaproxy(b))) };
+    let app = Router::new().route("/validate", post(review)).with_state(state);
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    warn!(%error, "the admission webhook could not accept a connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let tls = match acceptor.accept(stream).await {
+                    Ok(tls) => tls,
+                    Err(error) => {
+                        tracing::debug!(%peer, %error, "a TLS handshake with the webhook failed");
+                        return;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let io = hyper_util::rt::TokioIo::new(tls);
+                if let Err(error) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
+                    tracing::debug!(%peer, %error, "a webhook connection ended badly");
+                }
+            });
+        }
+    });
+    Ok((address, task))
+}
+
+async fn review(State(state): State<WebhookState>, body: axum::body::Bytes) -> Response {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+        Ok(review) => review,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("not an AdmissionReview: {error}")).into_response(),
+    };
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, format!("an AdmissionReview without a request: {error}")).into_response();
+        }
+    };
+    let started = std::time::Instant::now();
+    let verdict = decide(&state, &request).await;
+    let elapsed = started.elapsed();
+    let object = format!("{} {}/{}", request.kind.kind, request.namespace.as_deref().unwrap_or_default(), request.name);
+    crate::telemetry::metrics::metrics().admission_seconds.observe(elapsed.as_secs_f64());
+    let response = AdmissionResponse::from(&request);
+    let response = match verdict {
+        Verdict::Allowed(note) => {
+            tracing::debug!(%object, ?note, seconds = elapsed.as_secs_f64(), "admitted");
+            response
+        }
+        Verdict::Denied(why) => {
+            info!(%object, %why, seconds = elapsed.as_secs_f64(), "refused at admission");
+            response.deny(why)
+        }
+    };
+    axum::Json(response.into_review()).into_response()
+}
+
+async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+    let Some(source) = state.source.borrow().clone() else {
+        return Verdict::Allowed(Some("no configuration is in force yet".into()));
+    };
+    let snapshot = Snapshot {
+        generation: source.generation,
+        spec: source.spec.clone(),
+        renderer: source.renderer.clone(),
+        stores: source.view.snapshot(),
+        pods: source.view.pods(),
+    };
+    let validator = state.validator.as_deref().map(|v| v as &dyn Validator);
+    let object = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok());
+    if request.kind.group == crate::config::GROUP && request.kind.kind == "HAProxyTemplateConfig" {
+        let followed = request.namespace.as_deref() == Some(state.config.0.as_str()) && request.name == state.config.1;
+        let spec = object.as_ref().and_then(|o| o.get("spec")).cloned();
+        let spec: Option<HAProxyTemplateConfigSpec> = spec.and_then(|s| serde_json::from_value(s).ok());
+        return match (followed, spec) {
+            (false, _) => Verdict::Allowed(Some("not the configuration this controller follows".into())),
+            (true, None) => Verdict::Allowed(Some("a deletion, or a spec the API server's schema judges".into())),
+            (true, Some(spec)) => {
+                let judged = tokio::task::spawn_blocking({
+                    let spec = spec.clone();
+                    move || crate::admission::judge_config(&spec, Some(&snapshot))
+                })
+                .await;
+                match judged {
+                    Ok(judged) => crate::admission::judge(judged, &spec, validator).await,
+                    Err(error) => Verdict::Allowed(Some(format!("judging failed: {error}"))),
+                }
+            }
+        };
+    }
+    let operation = format!("{:?}", request.operation).to_ascii_uppercase();
+    let proposal = Proposal { operation, object };
+    let spec = snapshot.spec.clone();
+    let judged = tokio::task::spawn_blocking(move || crate::admission::judge_object(&snapshot, &proposal)).await;
+    match judged {
+        Ok(judged) => crate::admission::judge(judged, &spec, validator).await,
+        // A panic in a render is haptic's bug, not the object's: let it through (and say so).
+        Err(error) => Verdict::Allowed(Some(format!("judging failed: {error}"))),
+    }
+}
