@@ -59,6 +59,10 @@ pub struct HAProxyTemplateConfigSpec {
     /// runs them offline, requests included).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validation_tests: Vec<ValidationTest>,
+    /// The controller's log filter while this version is in force (`info`, `debug`,
+    /// `haptic=debug,kube=warn`); absent: the controller's own (`RUST_LOG`, else `info`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
 }
 
 /// One named validation test: its fixtures are rendered with the configuration's templates, and

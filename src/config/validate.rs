@@ -72,6 +72,11 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
             }
         }
     }
+    if let Some(level) = &spec.log_level
+        && let Err(why) = crate::telemetry::check_log_filter(level)
+    {
+        found.push(ConfigProblem { field: "logLevel".into(), message: format!("is not a log filter: {why}") });
+    }
     if let Some(minimum) = &spec.dataplane.minimum_haproxy_version
         && super::HaproxyVersion::parse(minimum).is_none()
     {

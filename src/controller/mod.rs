@@ -286,6 +286,19 @@ pub async fn run(
                 match outcome {
                     Ok(next) => {
                         info!(generation, "configuration activated");
+                        if next.spec.log_level != active.as_ref().and_then(|a| a.spec.log_level.clone()) {
+                            // Said under the filter that shows it: the old one, or else the new.
+                            let level = next.spec.log_level.as_deref();
+                            let said = tracing::enabled!(tracing::Level::INFO);
+                            if said {
+                                info!(log_level = ?level, "log filter from the configuration");
+                            }
+                            if let Err(why) = crate::telemetry::set_log_filter(level) {
+                                warn!(%why, "the log filter stays as it was");
+                            } else if !said {
+                                info!(log_level = ?level, "log filter from the configuration");
+                            }
+                        }
                         // Server names carry over: from the version in force, else from the journal.
                         match (&active, &journal) {
                             (Some(previous), _) => next.renderer.seed_slots(previous.renderer.slots()),

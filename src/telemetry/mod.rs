@@ -32,19 +32,48 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// The log filter in force, replaceable while running.
+static LOG_FILTER: std::sync::OnceLock<tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>> =
+    std::sync::OnceLock::new();
+
+/// The filter of `RUST_LOG`, else `info`.
+fn default_filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// Whether `directives` is a log filter (`info`, `haptic=debug,kube=warn`); `Err` says why not.
+pub fn check_log_filter(directives: &str) -> Result<(), String> {
+    EnvFilter::builder().parse(directives).map(drop).map_err(|error| error.to_string())
+}
+
+/// Replaces the log filter: `directives`, or the default (`RUST_LOG`, else `info`) for `None`.
+pub fn set_log_filter(directives: Option<&str>) -> Result<(), String> {
+    let filter = match directives {
+        Some(directives) => EnvFilter::builder().parse(directives).map_err(|error| error.to_string())?,
+        None => default_filter(),
+    };
+    match LOG_FILTER.get() {
+        Some(handle) => handle.reload(filter).map_err(|error| error.to_string()),
+        None => Ok(()),
+    }
+}
+
 /// Installs the global tracing subscriber: log lines on stderr, the level from `RUST_LOG`
 /// (default `info`), and OTLP trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` asks for it.
 pub fn init(format: LogFormat) -> TelemetryGuard {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The filter can be replaced while running (`set_log_filter`: the configuration's logLevel).
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(default_filter());
+    let _ = LOG_FILTER.set(handle);
     // Colour only for people at a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let text = (format == LogFormat::Text)
-        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_filter(filter()));
-    let json = (format == LogFormat::Json)
-        .then(|| tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).with_filter(filter()));
+    let logs: Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync> = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed(),
+    };
+    let logs = logs.with_filter(filter);
     let (provider, refused) = match traces::export_requested().then(traces::provider) {
         Some(Ok(provider)) => (Some(provider), None),
         Some(Err(error)) => (None, Some(error)),
@@ -57,7 +86,7 @@ pub fn init(format: LogFormat) -> TelemetryGuard {
             .with_filter(tracing_subscriber::filter::Targets::new().with_target("haptic", Level::INFO))
     });
     // try_init: tests and repeated calls must not panic on an existing subscriber.
-    let _ = tracing_subscriber::registry().with(text).with(json).with(spans).try_init();
+    let _ = tracing_subscriber::registry().with(logs).with(spans).try_init();
     if let Some(error) = refused {
         tracing::error!(%error, "traces are not exported");
     } else if provider.is_some() {
