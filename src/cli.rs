@@ -200,7 +200,7 @@ pub async fn probe(args: ProbeArgs) -> Result<()> {
         }
         None => None,
     };
-    let access = Access { credentials: Credentials::new(args.username, args.password), tls };
+    let access = Access { credentials: Credentials::new(args.username, args.password), tls, request_timeout: None };
     let client = access.client(endpoint)?;
     let info = client.info().await.context("reading the Dataplane API's identity")?;
     let health = client.health().await.context("reading HAProxy's health")?;

@@ -81,6 +81,6 @@ async fn rotate(
 }
 
 fn with_password(pod: &EnvPod, username: &str, password: &str) -> Result<haptic::dataplane::DataplaneClient> {
-    let access = Access { credentials: Credentials::new(username, password), tls: None };
+    let access = Access { credentials: Credentials::new(username, password), tls: None, request_timeout: None };
     Ok(access.client(Endpoint::parse(&pod.dataplane_url)?)?)
 }

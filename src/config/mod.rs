@@ -263,6 +263,9 @@ pub struct DataplaneSettings {
     /// How many pods are deployed to at once.
     #[schemars(range(min = 1))]
     pub max_parallel: u32,
+    /// How long one request to a pod's Dataplane API may take (a validation, a push and its
+    /// reload): past it the action fails and is retried with backoff.
+    pub deployment_timeout: ConfigDuration,
     /// How watched changes are coalesced into renders.
     pub debounce: DebounceSettings,
     /// The oldest HAProxy the templates are written for (`2.8` or `2.8.5`): a pod whose HAProxy
@@ -291,6 +294,7 @@ impl Default for DataplaneSettings {
             general_dir: "/etc/haproxy/general".into(),
             certs_dir: "/etc/haproxy/ssl".into(),
             max_parallel: 10,
+            deployment_timeout: ConfigDuration::from_secs(30),
             debounce: DebounceSettings::default(),
             minimum_haproxy_version: None,
         }

@@ -72,6 +72,12 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
             }
         }
     }
+    if spec.dataplane.deployment_timeout.get() < std::time::Duration::from_secs(1) {
+        found.push(ConfigProblem {
+            field: "dataplane.deploymentTimeout".into(),
+            message: format!("{} is shorter than a second: no push would finish", spec.dataplane.deployment_timeout),
+        });
+    }
     if let Some(level) = &spec.log_level
         && let Err(why) = crate::telemetry::check_log_filter(level)
     {

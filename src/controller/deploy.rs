@@ -155,7 +155,7 @@ pub(crate) async fn access(
         }
         None => None,
     };
-    Ok(Access { credentials, tls })
+    Ok(Access { credentials, tls, request_timeout: Some(spec.dataplane.deployment_timeout.get()) })
 }
 
 /// A Secret's data, named `namespace/name` in messages.

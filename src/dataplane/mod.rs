@@ -83,12 +83,14 @@ pub struct Access {
     pub credentials: Credentials,
     /// TLS settings; clear text when absent.
     pub tls: Option<TlsSettings>,
+    /// How long one request may take (30 s when absent): `spec.dataplane.deploymentTimeout`.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Access {
     /// Clear-text access with these credentials.
     pub fn plain(credentials: Credentials) -> Self {
-        Self { credentials, tls: None }
+        Self { credentials, tls: None, request_timeout: None }
     }
 
     /// The URL scheme pods are reached with.
@@ -98,10 +100,14 @@ impl Access {
 
     /// A client for one pod's endpoint.
     pub fn client(&self, endpoint: Endpoint) -> Result<DataplaneClient, DataplaneError> {
-        match &self.tls {
-            Some(tls) => DataplaneClient::with_tls(endpoint, self.credentials.clone(), tls),
-            None => Ok(DataplaneClient::new(endpoint, self.credentials.clone())),
-        }
+        let client = match &self.tls {
+            Some(tls) => DataplaneClient::with_tls(endpoint, self.credentials.clone(), tls)?,
+            None => DataplaneClient::new(endpoint, self.credentials.clone()),
+        };
+        Ok(match self.request_timeout {
+            Some(timeout) => client.with_timeout(timeout),
+            None => client,
+        })
     }
 }
 
@@ -270,6 +276,8 @@ pub struct DataplaneClient {
     may_lack_client_certificate: bool,
     /// Asked before every write, when set.
     guard: Option<std::sync::Arc<dyn WriteGuard>>,
+    /// How long one request may take.
+    timeout: Duration,
 }
 
 /// The `User-Agent` of every request: `haptic/<version> (<replica>)`, so a pod's access log
@@ -306,7 +314,15 @@ impl DataplaneClient {
     pub fn new(endpoint: Endpoint, credentials: Credentials) -> Self {
         let http = Self::builder().build().unwrap_or_else(|_| reqwest::Client::new());
         let request_base = endpoint.base.clone();
-        Self { endpoint, request_base, credentials, http, may_lack_client_certificate: false, guard: None }
+        Self {
+            endpoint,
+            request_base,
+            credentials,
+            http,
+            may_lack_client_certificate: false,
+            guard: None,
+            timeout: REQUEST_TIMEOUT,
+        }
     }
 
     /// Builds a client speaking TLS with these settings: `https` whatever the endpoint's scheme
@@ -339,7 +355,21 @@ impl DataplaneClient {
         }
         let http = builder.build().map_err(|e| setup_error(&endpoint, tls::error_chain(&e)))?;
         let may_lack_client_certificate = settings.identity.is_none();
-        Ok(Self { endpoint, request_base, credentials, http, may_lack_client_certificate, guard: None })
+        Ok(Self {
+            endpoint,
+            request_base,
+            credentials,
+            http,
+            may_lack_client_certificate,
+            guard: None,
+            timeout: REQUEST_TIMEOUT,
+        })
+    }
+
+    /// This client, giving each request at most `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// This client, asking `guard` before every write.
@@ -679,11 +709,12 @@ impl DataplaneClient {
         method: Method,
         path: &str,
     ) -> Result<reqwest::Response, DataplaneError> {
+        request = request.timeout(self.timeout);
         if method != Method::GET
             && let Some(guard) = &self.guard
         {
             match guard.allow() {
-                Ok(Some(limit)) => request = request.timeout(limit.min(REQUEST_TIMEOUT)),
+                Ok(Some(limit)) => request = request.timeout(limit.min(self.timeout)),
                 Ok(None) => {}
                 Err(reason) => {
                     return Err(DataplaneError::Fenced {
@@ -826,6 +857,27 @@ fn upload_form(name: &str, content: &str) -> reqwest::multipart::Form {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_request_gets_no_more_than_the_configured_timeout() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        let info = r#"{"api": {"version": "v3.2.7", "build_date": "2026"}}"#;
+        Mock::given(method("GET"))
+            .and(path("/v3/info"))
+            .respond_with(ResponseTemplate::new(200).set_body_string(info).set_delay(Duration::from_millis(1500)))
+            .mount(&server)
+            .await;
+        let endpoint = Endpoint::parse(&format!("{}/v3", server.uri())).unwrap();
+        let access = |timeout| Access { request_timeout: timeout, ..Access::plain(Credentials::new("u", "p")) };
+        let started = std::time::Instant::now();
+        let error =
+            access(Some(Duration::from_millis(300))).client(endpoint.clone()).unwrap().info().await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_millis(1400), "the timeout held: {:?}", started.elapsed());
+        assert!(error.to_string().contains(&server.uri()), "the pod is named: {error}");
+        assert!(access(None).client(endpoint).unwrap().info().await.is_ok(), "30 s by default");
+    }
 
     #[test]
     fn endpoint_joins_paths_below_v3_with_or_without_trailing_slash() {
