@@ -59,10 +59,25 @@ pub struct HAProxyTemplateConfigSpec {
     /// runs them offline, requests included).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validation_tests: Vec<ValidationTest>,
+    /// Leader election timings for the controller's replicas, in place of their flags
+    /// (`--lease-duration-seconds`, `--lease-grace-seconds`); read when a replica starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_election: Option<LeaderElectionSettings>,
     /// The controller's log filter while this version is in force (`info`, `debug`,
     /// `haptic=debug,kube=warn`); absent: the controller's own (`RUST_LOG`, else `info`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
+}
+
+/// How long the Lease holds and how early its holder renews it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderElectionSettings {
+    /// How long a Lease holds without renewal.
+    pub lease_duration: ConfigDuration,
+    /// How long before expiry the holder renews; a leader that cannot renew stops writing to
+    /// pods half this long before another replica may take over. Shorter than the duration.
+    pub lease_grace: ConfigDuration,
 }
 
 /// One named validation test: its fixtures are rendered with the configuration's templates, and

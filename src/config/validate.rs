@@ -78,6 +78,18 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
             message: format!("{} is shorter than a second: no push would finish", spec.dataplane.deployment_timeout),
         });
     }
+    if let Some(election) = &spec.leader_election {
+        let (duration, grace) = (election.lease_duration.get(), election.lease_grace.get());
+        if grace.as_secs() == 0 || grace >= duration {
+            found.push(ConfigProblem {
+                field: "leaderElection".into(),
+                message: format!(
+                    "leaseGrace {} must be at least a second and shorter than leaseDuration {}",
+                    election.lease_grace, election.lease_duration
+                ),
+            });
+        }
+    }
     if let Some(level) = &spec.log_level
         && let Err(why) = crate::telemetry::check_log_filter(level)
     {
@@ -187,5 +199,18 @@ mod tests {
         assert!(found[2].contains("matches is no regular expression"), "{found:?}");
         assert!(found[3].contains("request.expect names"), "{found:?}");
         assert!(found[4].contains("file goes with"), "{found:?}");
+    }
+
+    #[test]
+    fn leader_election_timings_that_cannot_work_are_located() {
+        let mut spec = spec("metadata.name");
+        spec.dataplane.debounce = Default::default();
+        spec.leader_election =
+            Some(serde_json::from_value(serde_json::json!({"leaseDuration": "10s", "leaseGrace": "10s"})).unwrap());
+        let found: Vec<_> = problems(&spec).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            found,
+            ["spec.leaderElection: leaseGrace 10s must be at least a second and shorter than leaseDuration 10s"]
+        );
     }
 }

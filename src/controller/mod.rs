@@ -148,6 +148,7 @@ pub async fn run(
     let (render_tx, mut render_rx) = mpsc::channel::<Vec<Trigger>>(16);
     let sink = RenderSink::new(options.render_dir.clone());
     let instance = options.election.as_ref().map(|e| e.identity.clone()).unwrap_or_else(|| "haptic".into());
+    let status_configs = configs.clone();
     let mut status = status::StatusWriter::new(client.clone(), configs, options.name.clone(), instance);
     let mut facts = StatusFacts::default();
     let mut gateway_writer: Option<gateway_status::GatewayStatusWriter> = None;
@@ -179,7 +180,11 @@ pub async fn run(
     // could lapse.
     let (leadership_tx, mut leadership) = watch::channel(Leadership::Follower);
     let mut leadership_open = true;
-    let (election, _solo_leadership, fence) = match (&options.election, &journal) {
+    let election_settings = match &options.election {
+        Some(settings) => Some(election_timings(&status_configs, &options.name, settings.clone()).await),
+        None => None,
+    };
+    let (election, _solo_leadership, fence) = match (&election_settings, &journal) {
         (Some(settings), Some(_)) => {
             info!(lease = %settings.lease_name, identity = %settings.identity, "leader election on");
             let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -553,6 +558,39 @@ impl Drop for Coalescer {
 fn debounce_settings(spec: &HAProxyTemplateConfigSpec) -> DebounceSettings {
     let debounce = &spec.dataplane.debounce;
     DebounceSettings { window: debounce.window.get(), max_delay: debounce.max_delay.get() }
+}
+
+/// The replica's election settings with the timings the configuration states, read once at
+/// start (every replica of a Lease should renew by the same timings, and a replica only learns
+/// them here); the flags' when it states none, cannot be read, or states ones that cannot work.
+async fn election_timings(
+    configs: &Api<HAProxyTemplateConfig>,
+    name: &str,
+    flags: crate::election::ElectionSettings,
+) -> crate::election::ElectionSettings {
+    let stated = match configs.get_opt(name).await {
+        Ok(config) => config.and_then(|c| c.spec.leader_election),
+        Err(error) => {
+            warn!(%error, "the configuration could not be read for its leader election timings; the flags' apply");
+            None
+        }
+    };
+    let Some(stated) = stated else { return flags };
+    let candidate = crate::election::ElectionSettings {
+        duration: stated.lease_duration.get(),
+        grace: stated.lease_grace.get(),
+        ..flags.clone()
+    };
+    match candidate.check() {
+        Ok(()) => {
+            info!(duration = ?candidate.duration, grace = ?candidate.grace, "leader election timings from the configuration");
+            candidate
+        }
+        Err(error) => {
+            warn!(%error, "the configuration's leader election timings cannot work; the flags' apply");
+            flags
+        }
+    }
 }
 
 /// A configuration version being activated beside the loop.
