@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use base64::Engine;
-use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::controller::{ControllerProcess, Launch};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -55,20 +55,9 @@ async fn refused(ingresses: &Api<Ingress>, object: &Ingress) -> Result<String> {
 async fn the_webhook_refuses_hostile_and_invalid_objects_admits_valid_ones_and_follows_its_failure_policy() -> Result<()>
 {
     let env = env::environment();
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace_with(&client, "admission", &[]).await?;
-    let configs = create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "templates": {"haproxyConfig": TEMPLATE}
-        }),
-    )
-    .await?;
+    let (client, namespace, configs) =
+        env::controller::ingress_test_namespace(env, "admission", json!({"templates": {"haproxyConfig": TEMPLATE}}))
+            .await?;
     let work = tempfile::tempdir()?;
     let ca = certificate(work.path())?;
     let haproxy = env::chart::haproxy_binaries()?.into_iter().next().context("no HAProxy")?;

@@ -7,8 +7,7 @@ mod env;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
-use haptic::config::HAProxyTemplateConfig;
+use env::controller::{ControllerProcess, Launch};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -33,21 +32,10 @@ async fn lines_after_switch(controller: &ControllerProcess, level: Option<&str>)
 #[tokio::test]
 async fn the_configurations_log_level_takes_effect_without_a_restart() -> Result<()> {
     let env = env::environment();
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace_with(&client, "log-level", &[]).await?;
     let template = "global\n{% for i in resources.ingresses.list() %}# {{ i.metadata.name | bare_word }}\n{% endfor %}";
-    let configs: Api<HAProxyTemplateConfig> = create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "templates": {"haproxyConfig": template}
-        }),
-    )
-    .await?;
+    let (client, namespace, configs) =
+        env::controller::ingress_test_namespace(env, "log-level", json!({"templates": {"haproxyConfig": template}}))
+            .await?;
     let launch = Launch {
         env: vec![("RUST_LOG".into(), "info".into())],
         args: vec!["--render-only".into()],

@@ -7,7 +7,7 @@ mod env;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use env::controller::{ControllerProcess, Launch, create_test_config, ensure_haptic_crd};
+use env::controller::{ControllerProcess, Launch};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use serde_json::json;
@@ -15,21 +15,7 @@ use serde_json::json;
 #[tokio::test]
 async fn the_configurations_leader_election_timings_replace_the_flags() -> Result<()> {
     let env = env::environment();
-    let client = env.kube_client().await?;
-    ensure_haptic_crd(&client).await?;
-    let namespace = env.fresh_namespace_with(&client, "settings", &[]).await?;
-    create_test_config(
-        &client,
-        &namespace,
-        json!({
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
-            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                                               "namespaces": [namespace]}},
-            "leaderElection": {"leaseDuration": "9s", "leaseGrace": "3s"},
-            "templates": {"haproxyConfig": "global\n"}
-        }),
-    )
-    .await?;
+    let (client, namespace, _) = env::controller::ingress_test_namespace(env, "settings", json!({"leaderElection": {"leaseDuration": "9s", "leaseGrace": "3s"}, "templates": {"haproxyConfig": "global\n"}})).await?;
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
     // The flags say 6 s and 2 s.

@@ -129,21 +129,11 @@ pub fn judge_config(spec: &HAProxyTemplateConfigSpec, current: Option<&Snapshot>
         Ok(renderer) => renderer,
         Err(error) => return Judged::Decided(Verdict::Denied(error.to_string())),
     };
-    for test in &spec.validation_tests {
-        let files = match crate::checks::render_fixtures(spec, &renderer, test, &[]) {
-            Ok(files) => files,
-            Err(message) => {
-                return Judged::Decided(Verdict::Denied(format!("validation test {:?}: {message}", test.name)));
-            }
-        };
-        for (index, assertion) in test.assertions.iter().enumerate() {
-            if let Some(Err(message)) = crate::checks::check_file_assertion(assertion, &files) {
-                return Judged::Decided(Verdict::Denied(format!(
-                    "validation test {:?}, assertion {index}: {message}",
-                    test.name
-                )));
-            }
-        }
+    // The same file checks the controller runs before activating it (no HAProxy is asked:
+    // nothing here awaits anything but the renders).
+    let report = futures::executor::block_on(crate::checks::run(spec, &renderer, &[], None));
+    if !report.passed() {
+        return Judged::Decided(Verdict::Denied(report.summary()));
     }
     // Its render of the objects in the stores now, when the watched types are the same.
     let Some(current) = current.filter(|c| c.spec.watched_resources == spec.watched_resources) else {

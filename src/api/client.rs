@@ -104,8 +104,13 @@ impl ApiClient {
     }
 
     async fn get(&self, path: &str) -> Result<reqwest::Response, ApiClientError> {
-        let failed = |detail: String| ApiClientError::Request { url: format!("{}{path}", self.base), detail };
         let response = self.send(path).await?;
+        self.successful(path, response).await
+    }
+
+    /// `response` when it is a success; its status and the start of its body otherwise.
+    async fn successful(&self, path: &str, response: reqwest::Response) -> Result<reqwest::Response, ApiClientError> {
+        let failed = |detail: String| ApiClientError::Request { url: format!("{}{path}", self.base), detail };
         if !response.status().is_success() {
             let status = response.status();
             let body = response.text().await.unwrap_or_default();
@@ -161,11 +166,13 @@ impl ApiClient {
         struct Pods {
             pods: Vec<PodListing>,
         }
-        if self.send("/api/v1/pods").await?.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        let response = self.send("/api/v1/pods").await?;
+        // A controller that renders only has no pods, and says so with a 503.
+        if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
             return Ok(Vec::new());
         }
         let listing: Pods = self
-            .get("/api/v1/pods")
+            .successful("/api/v1/pods", response)
             .await?
             .json()
             .await

@@ -56,6 +56,29 @@ pub async fn create_test_config(
     Ok(configs)
 }
 
+/// A namespace of its own with no pod and the configuration `test` watching the namespace's
+/// Ingresses with the pod selector of the environment, `spec`'s fields added over that.
+#[allow(dead_code)]
+pub async fn ingress_test_namespace(
+    env: &Manifest,
+    test: &str,
+    spec: serde_json::Value,
+) -> Result<(kube::Client, String, Api<HAProxyTemplateConfig>)> {
+    let client = env.kube_client().await?;
+    ensure_haptic_crd(&client).await?;
+    let namespace = env.fresh_namespace_with(&client, test, &[]).await?;
+    let mut full = serde_json::json!({
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "haproxy"}},
+        "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                                           "namespaces": [namespace]}}
+    });
+    if let (Some(full), serde_json::Value::Object(extra)) = (full.as_object_mut(), spec) {
+        full.extend(extra);
+    }
+    let configs = create_test_config(&client, &namespace, full).await?;
+    Ok((client, namespace, configs))
+}
+
 /// A namespace of its own for a deployment test: the environment's pods registered in it, the
 /// Dataplane credentials Secret `dataplane`, and the configuration `test` rendering `template`
 /// from the namespace's Ingresses, drift checked every `drift`.
