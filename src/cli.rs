@@ -40,7 +40,7 @@ pub enum Command {
     /// assertions, and send its requests through a local HAProxy running the render.
     Validate(ValidateArgs),
     /// Run the controller: follow one HAProxyTemplateConfig, watch what it names, render.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the per-pod state machine as a Mermaid state diagram (from the transition table).
     StateDiagram,
 }
@@ -100,6 +100,15 @@ pub struct RunArgs {
     /// it, only their file assertions gate a configuration (`haptic validate` runs them all).
     #[arg(long, env = "HAPTIC_VALIDATION_HAPROXY")]
     pub validation_haproxy: Option<PathBuf>,
+    /// A Dataplane API that serves no traffic, to check the webhook's renders with its HAProxy
+    /// (`only_validate`, its storage holding the render's files): the chart's `validator`
+    /// container beside the controller. Preferred over `--validation-haproxy` for the webhook.
+    #[arg(long, env = "HAPTIC_VALIDATION_DATAPLANE")]
+    pub validation_dataplane: Option<String>,
+    /// The user of `--validation-dataplane`; its password is read from the environment only
+    /// (`HAPTIC_VALIDATION_DATAPLANE_PASSWORD`: a flag would show in the process list).
+    #[arg(long, env = "HAPTIC_VALIDATION_DATAPLANE_USERNAME", default_value = "admin")]
+    pub validation_dataplane_username: String,
     /// Serve the validating admission webhook (HTTPS, `POST /validate`) on this address.
     #[arg(long, env = "HAPTIC_WEBHOOK_ADDRESS")]
     pub webhook_address: Option<std::net::SocketAddr>,
@@ -383,7 +392,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         webhook: args.webhook_address.map(|address| crate::api::webhook::WebhookSettings {
             address,
             certificate_dir: args.webhook_cert_dir.clone(),
-            validator: args.validation_haproxy.clone(),
+            validator: match (&args.validation_dataplane, &args.validation_haproxy) {
+                (Some(endpoint), _) => Some(crate::api::webhook::ValidatorSettings::Dataplane {
+                    endpoint: endpoint.clone(),
+                    credentials: crate::dataplane::Credentials::new(
+                        args.validation_dataplane_username.clone(),
+                        std::env::var("HAPTIC_VALIDATION_DATAPLANE_PASSWORD").unwrap_or_default(),
+                    ),
+                }),
+                (None, Some(binary)) => Some(crate::api::webhook::ValidatorSettings::LocalHaproxy(binary.clone())),
+                (None, None) => None,
+            },
         }),
         validation_haproxy: args.validation_haproxy,
     };

@@ -41,7 +41,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(haptic::cli::run(args))
+            runtime.block_on(haptic::cli::run(*args))
         }
     }
 }

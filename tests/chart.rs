@@ -126,13 +126,46 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         "a default certificate is generated"
     );
 
+    // The webhook's validator: a Dataplane API from the HAProxy image beside the controller, on
+    // the pod's loopback, its storage at the pods' paths, with a user of its own.
+    let container = |name: &str| {
+        pod["containers"].as_array().into_iter().flatten().find(|c| c["name"] == name).cloned().unwrap_or_default()
+    };
+    let validator = container("validator");
+    ensure!(validator["image"] == "haproxytech/haproxy-debian:3.2", "the validator runs the pods' image: {validator}");
+    ensure!(validator["securityContext"]["readOnlyRootFilesystem"] == true, "{validator}");
+    let environment = container("controller")["env"].to_string();
+    ensure!(
+        environment.contains("http://127.0.0.1:5555/v3") && environment.contains("rel-haptic-validator"),
+        "{environment}"
+    );
+    let validator_config = plain
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "rel-haptic-validator-bootstrap")
+        .and_then(|d| d["data"]["dataplaneapi.yaml"].as_str())
+        .context("the validator's dataplaneapi.yaml")?;
+    for line in [
+        "host: 127.0.0.1\n",
+        "maps_dir: /etc/haproxy/maps\n",
+        "ssl_certs_dir: /etc/haproxy/ssl\n",
+        "master_runtime: \"\"\n",
+    ] {
+        ensure!(validator_config.contains(line), "no {line:?} in\n{validator_config}");
+    }
+    ensure!(plain.iter().any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "rel-haptic-validator"));
+    let without = render_chart("rel", "haptic-system", &["--set", "webhook.validator.enabled=false"])?;
+    let without_pod =
+        &without.iter().find(|d| d["kind"] == "StatefulSet").context("statefulset")?["spec"]["template"]["spec"];
+    ensure!(without_pod["containers"].as_array().is_some_and(|c| c.len() == 1), "{without_pod}");
+    ensure!(!without_pod.to_string().contains("HAPTIC_VALIDATION_DATAPLANE"), "{without_pod}");
+
     // HAProxy 2.6 pods get runtime commands through the stats socket (master_runtime empty);
     // a misspelt choice fails the install rather than silently picking one.
     let dataplane_config = |docs: &[serde_json::Value]| -> Result<String> {
         let bootstrap = docs
             .iter()
-            .find(|d| d["kind"] == "ConfigMap" && d["data"]["dataplaneapi.yaml"].is_string())
-            .context("no ConfigMap holds dataplaneapi.yaml")?;
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "rel-haptic-haproxy-bootstrap")
+            .context("no ConfigMap holds the pods' dataplaneapi.yaml")?;
         Ok(bootstrap["data"]["dataplaneapi.yaml"].as_str().unwrap_or_default().to_owned())
     };
     ensure!(dataplane_config(&plain)?.contains("master_runtime: \"/var/run/haproxy/master.sock\""));

@@ -4,7 +4,9 @@
 //! leave it out (a value HAProxy cannot take, as the controller would refuse it after the fact)
 //! or would fail, and when HAProxy would refuse the result. The same for a new version of the
 //! followed `HAProxyTemplateConfig`: its checks, its validation tests, and its render of the
-//! current objects. Pure but for the HAProxy check, which `Validator` leaves to the caller.
+//! current objects. Pure but for the HAProxy check, which `Validator` leaves to the caller: a
+//! local HAProxy binary (`LocalHaproxy`) or a scratch Dataplane API beside the controller
+//! (`scratch::ScratchDataplane`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +17,8 @@ use crate::config::HAProxyTemplateConfigSpec;
 use crate::files::FileSet;
 use crate::render::{PodInfo, Renderer};
 use crate::store::{ObjectKey, ResourceStore, Stores, object_key};
+
+pub mod scratch;
 
 /// How many objects already refused a review's render may leave out (as the controller's).
 const MAX_LEFT_OUT: usize = 100;
@@ -146,14 +150,26 @@ pub fn judge_config(spec: &HAProxyTemplateConfigSpec, current: Option<&Snapshot>
     }
 }
 
+/// What a validator made of a render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// HAProxy accepts it.
+    Accepted,
+    /// HAProxy refuses it: its alerts, at the rendered file's lines.
+    Refused(String),
+    /// The validator could not be asked (it is down, or cannot run): the render stays unchecked,
+    /// which is haptic's trouble, not the object's.
+    Unavailable(String),
+}
+
 /// Checks a render with HAProxy, the last step of a judgement.
 pub trait Validator: Send + Sync {
-    /// `Err` with HAProxy's alerts when it refuses `files`.
+    /// What HAProxy makes of `files`.
     fn validate<'a>(
         &'a self,
         files: &'a FileSet,
         spec: &'a HAProxyTemplateConfigSpec,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>;
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Check> + Send + 'a>>;
 }
 
 /// Validation by a local HAProxy binary (`haproxy -c` on the render, made runnable here).
@@ -164,9 +180,16 @@ impl Validator for LocalHaproxy {
         &'a self,
         files: &'a FileSet,
         spec: &'a HAProxyTemplateConfigSpec,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Check> + Send + 'a>> {
+        use crate::checks::haproxy::HaproxyError;
         Box::pin(async move {
-            crate::checks::haproxy::check(Path::new(&self.0), files, &spec.dataplane).await.map_err(|e| e.to_string())
+            match crate::checks::haproxy::check(Path::new(&self.0), files, &spec.dataplane).await {
+                Ok(()) => Check::Accepted,
+                Err(error @ (HaproxyError::Spawn { .. } | HaproxyError::Scratch { .. })) => {
+                    Check::Unavailable(error.to_string())
+                }
+                Err(error) => Check::Refused(error.to_string()),
+            }
         })
     }
 }
@@ -178,8 +201,12 @@ pub async fn judge(judged: Judged, spec: &HAProxyTemplateConfigSpec, validator: 
         Judged::Render(files) => match validator {
             None => Verdict::Allowed(Some("rendered; not checked by HAProxy (no validator)".into())),
             Some(validator) => match validator.validate(&files, spec).await {
-                Ok(()) => Verdict::Allowed(None),
-                Err(alerts) => Verdict::Denied(alerts),
+                Check::Accepted => Verdict::Allowed(None),
+                Check::Refused(alerts) => Verdict::Denied(alerts),
+                Check::Unavailable(why) => {
+                    tracing::warn!(%why, "a render was admitted unchecked by HAProxy: the validator cannot be asked");
+                    Verdict::Allowed(Some(format!("rendered; not checked by HAProxy: {why}")))
+                }
             },
         },
     }

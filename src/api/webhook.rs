@@ -20,6 +20,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::admission::scratch::ScratchDataplane;
 use crate::admission::{LocalHaproxy, Proposal, Snapshot, Validator, Verdict};
 use crate::config::HAProxyTemplateConfigSpec;
 use crate::render::Renderer;
@@ -32,9 +33,35 @@ pub struct WebhookSettings {
     pub address: SocketAddr,
     /// A directory with `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret mounted there).
     pub certificate_dir: PathBuf,
-    /// An HAProxy binary that checks each render; without it, renders are judged by haptic's
-    /// own refusals only.
-    pub validator: Option<PathBuf>,
+    /// What checks each render with HAProxy; without it, renders are judged by haptic's own
+    /// refusals only.
+    pub validator: Option<ValidatorSettings>,
+}
+
+/// Where the webhook has renders checked by HAProxy.
+#[derive(Clone, Debug)]
+pub enum ValidatorSettings {
+    /// A local HAProxy binary (`--validation-haproxy`).
+    LocalHaproxy(PathBuf),
+    /// A scratch Dataplane API beside the controller (`--validation-dataplane`).
+    Dataplane {
+        /// Its base URL (`http://127.0.0.1:5555/v3`).
+        endpoint: String,
+        /// Its user.
+        credentials: crate::dataplane::Credentials,
+    },
+}
+
+impl ValidatorSettings {
+    fn build(&self) -> Result<Arc<dyn Validator>, WebhookError> {
+        Ok(match self {
+            Self::LocalHaproxy(binary) => Arc::new(LocalHaproxy(binary.clone())),
+            Self::Dataplane { endpoint, credentials } => Arc::new(
+                ScratchDataplane::new(endpoint, credentials.clone())
+                    .map_err(|error| WebhookError::Validator(error.to_string()))?,
+            ),
+        })
+    }
 }
 
 /// The configuration version in force, as the webhook judges against it.
@@ -60,6 +87,9 @@ pub enum WebhookError {
         /// What is wrong.
         detail: String,
     },
+    /// The validator's settings are unusable.
+    #[error("the admission webhook's validator: {0}")]
+    Validator(String),
     /// The address cannot be listened on.
     #[error("the admission webhook cannot listen on {address}: {source}")]
     Listen {
@@ -74,7 +104,7 @@ pub enum WebhookError {
 struct WebhookState {
     source: watch::Receiver<Option<Arc<AdmissionSource>>>,
     config: (String, String),
-    validator: Option<Arc<LocalHaproxy>>,
+    validator: Option<Arc<dyn Validator>>,
 }
 
 fn tls_config(dir: &std::path::Path) -> Result<rustls::ServerConfig, WebhookError> {
@@ -106,8 +136,8 @@ pub async fn serve(
         .await
         .map_err(|source| WebhookError::Listen { address: settings.address, source })?;
     let address = listener.local_addr().map_err(|source| WebhookError::Listen { address: settings.address, source })?;
-    let state =
-        WebhookState { source, config, validator: settings.validator.clone().map(|b| Arc::new(LocalHaproxy(b))) };
+    let validator = settings.validator.as_ref().map(ValidatorSettings::build).transpose()?;
+    let state = WebhookState { source, config, validator };
     let app = Router::new().route("/validate", post(review)).with_state(state);
     let task = tokio::spawn(async move {
         loop {

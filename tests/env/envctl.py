@@ -760,6 +760,46 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
     return pod
 
 
+def start_validator(sup: Supervisor, ip: str, components: Components, ready_timeout: float) -> dict:
+    """The controller pod's `validator` container, configured as the chart configures it: a
+    Dataplane API with no HAProxy running, which checks renders with HAProxy's binary
+    (`only_validate`) for the admission webhook. Its storage directories are at the pods' paths,
+    in a filesystem view of its own, as the container's are; its user is its own."""
+    work = sup.state_dir / "validator"
+    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    for sub in POD_STORAGE:
+        (work / "run" / sub).mkdir(exist_ok=True)
+    password = secrets.token_hex(12)
+    values = {
+        "DATAPLANE_HOST": ip, "DATAPLANE_PORT": str(DATAPLANE_PORT), "RUN_DIR": str(work), "CONFIG_DIR": str(work),
+        "MAPS_DIR": str(POD_RUN_MOUNT / "maps"), "CERTS_DIR": str(POD_RUN_MOUNT / "ssl"),
+        "GENERAL_DIR": str(POD_RUN_MOUNT / "general"), "HAPROXY_BIN": str(components.haproxy["2.8"]),
+        "MASTER_RUNTIME": "", "DATAPLANE_USERNAME": DATAPLANE_USER, "DATAPLANE_PASSWORD": password,
+        "DATAPLANE_SCHEME": "http", "TLS_CERTIFICATE": "", "TLS_KEY": "", "TLS_CLIENT_CA": "",
+    }
+    (work / "haproxy.cfg").write_text(chart_file("validator-haproxy.cfg", values))
+    (work / "dataplaneapi.yaml").write_text(chart_file("dataplaneapi.yaml", values))
+    reload_script = work / "reload-haproxy.sh"
+    reload_script.write_text(chart_file("reload-haproxy.sh", values))
+    reload_script.chmod(0o755)
+    log_path = work / "dataplaneapi.log"
+    process = sup.start("validator/dataplaneapi",
+                        in_pod_filesystem(work, [str(components.dataplaneapi), "-f", str(work / "dataplaneapi.yaml")]),
+                        log_path, cwd=work)
+    url = f"http://{ip}:{DATAPLANE_PORT}/v3"
+    auth = "Basic " + b64encode(f"{DATAPLANE_USER}:{password}".encode()).decode()
+
+    def serving() -> bool:
+        request = urllib.request.Request(url + "/info", headers={"Authorization": auth})
+        with urllib.request.urlopen(request, timeout=1) as response:
+            return DATAPLANEAPI_TAG in json.loads(response.read()).get("api", {}).get("version", "")
+
+    wait_until(f"the validator's Dataplane API ({url})", log_path, serving, ready_timeout, process)
+    return {"dataplane_url": url, "username": DATAPLANE_USER, "password": password, "dir": str(work),
+            "log": str(log_path)}
+
+
 def start_backends(sup: Supervisor, addresses: list[str], ready_timeout: float) -> list[dict]:
     backends = [{"name": f"backend-{i}", "ip": ip, "port": BACKEND_PORT} for i, ip in enumerate(addresses)]
     log_path = sup.state_dir / "backends.log"
@@ -825,6 +865,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         tls_pod_ips = [f"127.{net}.0.{2 + args.pods + i}" for i in range(len(TLS_PODS))]
         backend_ips = [f"127.{net}.1.{1 + i}" for i in range(args.backends)]
         otlp_ip = f"127.{net}.2.1"
+        validator_ip = f"127.{net}.3.1"
         wanted = [(ip, DATAPLANE_PORT, f"pod haproxy-{i} Dataplane API") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, port, f"pod {name}") for name, ip in zip(TLS_PODS, tls_pod_ips)
                    for port in (DATAPLANE_PORT, HAPROXY_HTTP_PORT, HAPROXY_HEALTH_PORT)]
@@ -832,6 +873,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         wanted += [(ip, HAPROXY_HEALTH_PORT, f"pod haproxy-{i} HAProxy health") for i, ip in enumerate(pod_ips)]
         wanted += [(ip, BACKEND_PORT, f"backend-{i}") for i, ip in enumerate(backend_ips)]
         wanted += [(otlp_ip, port, f"OpenTelemetry Collector OTLP/{proto}") for port, proto in OTLP_PORTS.items()]
+        wanted.append((validator_ip, DATAPLANE_PORT, "the validator's Dataplane API"))
         if not args.apiserver_port:
             # Below the kernel's ephemeral range (32768+): a restart must get its port back, and
             # an ephemeral port freed by a killed server can be taken at once by some client.
@@ -842,7 +884,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         check_versions(args.haproxy_versions.split(","), components)
         check_pod_filesystems()
 
-        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol", "dataplane-pki"):
+        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol", "dataplane-pki", "validator"):
             path = state_dir / stale
             if path.is_dir():
                 shutil.rmtree(path)
@@ -852,7 +894,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         backend_host = make_backend_host(net)
         sup = Supervisor(state_dir)
         try:
-            manifest = bring_up(sup, components, args, pod_ips, tls_pod_ips, backend_ips, otlp_ip)
+            manifest = bring_up(sup, components, args, pod_ips, tls_pod_ips, backend_ips, otlp_ip, validator_ip)
         except BaseException:
             left = stop_processes(state_dir)
             if left:
@@ -869,7 +911,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, pod_ips: list[str],
-             tls_pod_ips: list[str], backend_ips: list[str], otlp_ip: str) -> dict:
+             tls_pod_ips: list[str], backend_ips: list[str], otlp_ip: str, validator_ip: str) -> dict:
     state_dir = sup.state_dir
     apiserver_dir = state_dir / "apiserver"
     kubeconfig = apiserver_dir / "kubeconfig"
@@ -887,6 +929,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
     tls_pods = [start_pod(sup, name, ip, versions[0], components, password, args.ready_timeout,
                           tls={**pki, "client_certificates": client_certificates})
                 for (name, client_certificates), ip in zip(TLS_PODS.items(), tls_pod_ips)]
+    validator = start_validator(sup, validator_ip, components, args.ready_timeout)
     wait_until("kube-apiserver (with embedded etcd)", apiserver_log, kubeconfig.exists, args.ready_timeout, apiserver)
 
     kube = kube_from_kubeconfig(kubeconfig, apiserver_dir / "pki" / "ca.crt")
@@ -907,6 +950,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
         "dataplane": {"port": DATAPLANE_PORT, "username": DATAPLANE_USER, "password": password},
         "pods": pods,
         "tls_pods": tls_pods,
+        "validator": validator,
         "backends": backends,
         "otlp": otlp,
         "tools": {"helm": str(components.helm)},

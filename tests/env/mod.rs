@@ -46,6 +46,9 @@ pub struct Manifest {
     /// Pods whose Dataplane API speaks TLS (`haproxy-tls`; `haproxy-mtls` also requires a client
     /// certificate), registered only by the tests that use them.
     pub tls_pods: Vec<EnvPod>,
+    /// The controller pod's `validator` container: a Dataplane API with no HAProxy running,
+    /// which the admission webhook has check its renders.
+    pub validator: Validator,
     /// The HTTP backends.
     pub backends: Vec<Backend>,
     /// The host of the environment's own that backends named in EndpointSlices run on.
@@ -81,6 +84,19 @@ pub struct Otlp {
     pub http_endpoint: String,
     /// Every batch received, one OTLP JSON document a line.
     pub traces_file: PathBuf,
+}
+
+/// The validator's Dataplane API and its own user.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Validator {
+    /// Its base URL.
+    pub dataplane_url: String,
+    /// Its user.
+    pub username: String,
+    /// Its password.
+    pub password: String,
+    /// Its directory (storage below `run/`, its log).
+    pub dir: PathBuf,
 }
 
 /// Dataplane API access shared by all pods.
