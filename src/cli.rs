@@ -276,8 +276,8 @@ pub async fn validate(args: ValidateArgs) -> Result<()> {
         Some(dir) => crate::offline::load_objects(dir)?,
         None => Vec::new(),
     };
-    let haproxy = (!args.no_requests).then_some(args.haproxy.as_path());
-    let report = crate::checks::run(&config.spec, &renderer, &shared, haproxy).await;
+    let haproxy = (!args.no_requests).then(|| crate::checks::Requests::Local(args.haproxy.clone()));
+    let report = crate::checks::run(&config.spec, &renderer, &shared, haproxy.as_ref()).await;
     for test in &report.tests {
         let verdict = if test.failures.is_empty() { "ok  " } else { "FAIL" };
         let skipped = if test.skipped > 0 { format!(", {} request(s) skipped", test.skipped) } else { String::new() };
@@ -378,6 +378,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
+    // One validator for the webhook's checks and the validation tests' requests: they take turns.
+    let validator = match &args.validation_dataplane {
+        Some(endpoint) => {
+            let password = std::env::var("HAPTIC_VALIDATION_DATAPLANE_PASSWORD").unwrap_or_default();
+            let credentials = crate::dataplane::Credentials::new(args.validation_dataplane_username.clone(), password);
+            let api = crate::checks::validator::ValidatorApi::new(endpoint, credentials)
+                .with_context(|| format!("--validation-dataplane {endpoint}"))?;
+            Some(std::sync::Arc::new(api))
+        }
+        None => None,
+    };
     let options = crate::controller::ControllerOptions {
         namespace: args.config_namespace,
         name: args.config_name,
@@ -392,19 +403,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         webhook: args.webhook_address.map(|address| crate::api::webhook::WebhookSettings {
             address,
             certificate_dir: args.webhook_cert_dir.clone(),
-            validator: match (&args.validation_dataplane, &args.validation_haproxy) {
-                (Some(endpoint), _) => Some(crate::api::webhook::ValidatorSettings::Dataplane {
-                    endpoint: endpoint.clone(),
-                    credentials: crate::dataplane::Credentials::new(
-                        args.validation_dataplane_username.clone(),
-                        std::env::var("HAPTIC_VALIDATION_DATAPLANE_PASSWORD").unwrap_or_default(),
-                    ),
-                }),
+            validator: match (&validator, &args.validation_haproxy) {
+                (Some(api), _) => Some(crate::api::webhook::ValidatorSettings::Dataplane(api.clone())),
                 (None, Some(binary)) => Some(crate::api::webhook::ValidatorSettings::LocalHaproxy(binary.clone())),
                 (None, None) => None,
             },
         }),
-        validation_haproxy: args.validation_haproxy,
+        validation_requests: match (validator, args.validation_haproxy) {
+            (Some(api), _) => Some(crate::checks::Requests::Validator(api)),
+            (None, Some(binary)) => Some(crate::checks::Requests::Local(binary)),
+            (None, None) => None,
+        },
     };
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)
 }

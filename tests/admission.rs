@@ -242,23 +242,9 @@ async fn the_webhook_checks_renders_through_the_validators_dataplane_api_and_wri
         .await?;
     let work = tempfile::tempdir()?;
     let ca = certificate(work.path())?;
-    let validator = &env.validator;
-    let launch = Launch {
-        args: vec![
-            "--render-only".into(),
-            "--webhook-address".into(),
-            "127.0.0.1:0".into(),
-            "--webhook-cert-dir".into(),
-            work.path().display().to_string(),
-            "--validation-dataplane".into(),
-            validator.dataplane_url.clone(),
-        ],
-        env: vec![
-            ("HAPTIC_VALIDATION_DATAPLANE_USERNAME".into(), validator.username.clone()),
-            ("HAPTIC_VALIDATION_DATAPLANE_PASSWORD".into(), validator.password.clone()),
-        ],
-        ..Launch::default()
-    };
+    let certificates = work.path().display().to_string();
+    let webhook = ["--render-only", "--webhook-address", "127.0.0.1:0", "--webhook-cert-dir", certificates.as_str()];
+    let launch = Launch::validated(env, &webhook);
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
     let mut controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;
@@ -303,7 +289,7 @@ async fn the_webhook_checks_renders_through_the_validators_dataplane_api_and_wri
                 c.contains("backend ingress_valid")
             })
             .await?;
-        let stored = std::path::Path::new(&validator.dir);
+        let stored = std::path::Path::new(&env.validator.dir);
         let certificate = std::fs::read_to_string(stored.join("ssl").join(format!("{namespace}_valid-tls.pem")))
             .context("the certificate in the validator's storage")?;
         ensure!(certificate.contains(certificate_pem.trim()), "the validator holds the Secret's certificate");

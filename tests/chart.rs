@@ -126,14 +126,16 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         "a default certificate is generated"
     );
 
-    // The webhook's validator: a Dataplane API from the HAProxy image beside the controller, on
-    // the pod's loopback, its storage at the pods' paths, with a user of its own.
+    // The validator: an HAProxy and its Dataplane API from the HAProxy image beside the
+    // controller, on the pod's loopback, its storage at the pods' paths, with a user of its own.
     let container = |name: &str| {
         pod["containers"].as_array().into_iter().flatten().find(|c| c["name"] == name).cloned().unwrap_or_default()
     };
     let validator = container("validator");
     ensure!(validator["image"] == "haproxytech/haproxy-debian:3.2", "the validator runs the pods' image: {validator}");
     ensure!(validator["securityContext"]["readOnlyRootFilesystem"] == true, "{validator}");
+    let validator_haproxy = container("validator-haproxy");
+    ensure!(validator_haproxy["command"][0] == "haproxy" && validator_haproxy["image"] == validator["image"]);
     let environment = container("controller")["env"].to_string();
     ensure!(
         environment.contains("http://127.0.0.1:5555/v3") && environment.contains("rel-haptic-validator"),
@@ -148,7 +150,7 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         "host: 127.0.0.1\n",
         "maps_dir: /etc/haproxy/maps\n",
         "ssl_certs_dir: /etc/haproxy/ssl\n",
-        "master_runtime: \"\"\n",
+        "master_runtime: \"/var/run/haproxy/master.sock\"\n",
     ] {
         ensure!(validator_config.contains(line), "no {line:?} in\n{validator_config}");
     }
@@ -589,6 +591,34 @@ fn the_default_library_ships_validation_tests_that_pass_on_every_haproxy() -> Re
             && stderr.contains("GET shop.example.com/api/orders?page=2: no backend took it"),
         "{stderr}"
     );
+    Ok(())
+}
+
+/// The same tests as the chart's controller runs them inside a cluster: requests through the
+/// validator (the environment's, configured as the chart's containers are; the chart's paths
+/// moved to where the environment's pods and validator keep their files).
+#[tokio::test]
+async fn the_default_library_tests_pass_through_the_validator() -> Result<()> {
+    let env = env::environment();
+    let paths = [
+        "haproxy.paths.maps=/var/run/haproxy/maps",
+        "haproxy.paths.general=/var/run/haproxy/general",
+        "haproxy.paths.certs=/var/run/haproxy/ssl",
+    ];
+    let values: Vec<&str> = paths.iter().flat_map(|set| ["--set", set]).collect();
+    let config = render_chart("rel", "haptic-system", &values)?
+        .into_iter()
+        .find(|d| d["kind"] == "HAProxyTemplateConfig")
+        .context("no config")?;
+    let config: HAProxyTemplateConfig = serde_json::from_value(config)?;
+    let renderer = haptic::render::Renderer::compile(&config.spec)?;
+    let credentials = haptic::dataplane::Credentials::new(&env.validator.username, &env.validator.password);
+    let api = haptic::checks::validator::ValidatorApi::new(&env.validator.dataplane_url, credentials)?;
+    let requests = haptic::checks::Requests::Validator(std::sync::Arc::new(api));
+    let report = haptic::checks::run(&config.spec, &renderer, &[], Some(&requests)).await;
+    ensure!(report.passed(), "{}", report.summary());
+    let skipped: usize = report.tests.iter().map(|t| t.skipped).sum();
+    ensure!(report.tests.len() >= 4 && skipped == 0, "{} tests, {skipped} requests skipped", report.tests.len());
     Ok(())
 }
 

@@ -113,3 +113,70 @@ async fn a_version_whose_validation_tests_fail_is_not_activated_and_haptic_valid
     ensure!(stdout.contains("ok   own-marker") && stdout.contains("FAIL api-backend"), "{stdout}");
     Ok(())
 }
+
+/// Routes each Ingress's host to its own backend through a map.
+const ROUTING: &str = "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\
+frontend http\n    bind 127.0.0.1:80\n    use_backend %[req.hdr(host),lower,map({{ map_path(\"hosts.map\") }})]\n    default_backend none\n\
+backend none\n    http-request return status 404\n\
+{% for i in resources.ingresses.list() %}backend ingress_{{ i.metadata.name | bare_word }}\n    server s1 10.0.0.1:80\n{% endfor %}";
+const HOSTS: &str = "{% for i in resources.ingresses.list() %}{% for r in i.spec.rules or [] %}{{ r.host | map_key }} ingress_{{ i.metadata.name | bare_word }}\n{% endfor %}{% endfor %}";
+
+/// The chart's way inside a cluster, where the controller's image has no HAProxy: the
+/// validation tests' requests go through the validator's HAProxy (its Dataplane API beside the
+/// controller), the render's map in its storage and its binds moved to loopback ports.
+#[tokio::test]
+async fn the_controller_runs_the_tests_requests_through_the_validator() -> Result<()> {
+    let env = env::environment();
+    let fixture = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "shop", "namespace": "web"},
+        "spec": {"rules": [{"host": "shop.example.com"}]}});
+    let tests = |backend: &str| {
+        json!([{"name": "routing", "fixtures": [fixture.clone()], "assertions": [
+            {"request": {"host": "shop.example.com", "path": "/cart", "expect": {"backend": backend}}},
+            {"request": {"host": "unknown.example.com", "expect": {"status": 404}}}
+        ]}])
+    };
+    let spec = json!({
+        "templates": {"haproxyConfig": ROUTING, "maps": {"hosts.map": HOSTS}},
+        "dataplane": {"mapsDir": "/var/run/haproxy/maps", "certsDir": "/var/run/haproxy/ssl",
+                      "generalDir": "/var/run/haproxy/general"},
+        "validationTests": tests("ingress_shop")
+    });
+    let (client, namespace, configs) = env::controller::ingress_test_namespace(env, "validator-requests", spec).await?;
+    let launch = Launch::validated(env, &["--render-only"]);
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;
+    controller.wait_for_config("the first version", Duration::from_secs(60), |c| c.contains("backend none")).await?;
+    let log = controller.log_text();
+    ensure!(
+        log.contains("validation tests passed") && log.contains("skipped_requests=0"),
+        "the requests were not run:\n{}",
+        controller.log_tail()
+    );
+
+    // A version whose test expects another backend: refused, the request named.
+    configs
+        .patch(
+            "test",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"validationTests": tests("ingress_cart")}})),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let message = loop {
+        let status = configs.get_status("test").await?.status.unwrap_or_default();
+        if let Some(valid) = status.conditions.iter().find(|c| c.type_ == "Valid" && c.status == "False") {
+            break valid.message.clone();
+        }
+        ensure!(Instant::now() < deadline, "the failing version was not refused:\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    ensure!(
+        message.contains("GET shop.example.com/cart")
+            && message.contains("backend ingress_shop (expected ingress_cart)"),
+        "{message}"
+    );
+    drop(client);
+    Ok(())
+}

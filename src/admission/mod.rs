@@ -6,7 +6,7 @@
 //! followed `HAProxyTemplateConfig`: its checks, its validation tests, and its render of the
 //! current objects. Pure but for the HAProxy check, which `Validator` leaves to the caller: a
 //! local HAProxy binary (`LocalHaproxy`) or a scratch Dataplane API beside the controller
-//! (`scratch::ScratchDataplane`).
+//! (`checks::validator::ValidatorApi`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,8 +17,6 @@ use crate::config::HAProxyTemplateConfigSpec;
 use crate::files::FileSet;
 use crate::render::{PodInfo, Renderer};
 use crate::store::{ObjectKey, ResourceStore, Stores, object_key};
-
-pub mod scratch;
 
 /// How many objects already refused a review's render may leave out (as the controller's).
 const MAX_LEFT_OUT: usize = 100;
@@ -189,6 +187,23 @@ impl Validator for LocalHaproxy {
                     Check::Unavailable(error.to_string())
                 }
                 Err(error) => Check::Refused(error.to_string()),
+            }
+        })
+    }
+}
+
+impl Validator for crate::checks::validator::ValidatorApi {
+    fn validate<'a>(
+        &'a self,
+        files: &'a FileSet,
+        _spec: &'a HAProxyTemplateConfigSpec,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Check> + Send + 'a>> {
+        use crate::checks::validator::Verdict as Checked;
+        Box::pin(async move {
+            match self.check(files).await {
+                Ok(Checked::Accepted) => Check::Accepted,
+                Ok(Checked::Refused(message)) => Check::Refused(message),
+                Err(error) => Check::Unavailable(format!("the validator's Dataplane API: {error}")),
             }
         })
     }

@@ -20,7 +20,6 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::admission::scratch::ScratchDataplane;
 use crate::admission::{LocalHaproxy, Proposal, Snapshot, Validator, Verdict};
 use crate::config::HAProxyTemplateConfigSpec;
 use crate::render::Renderer;
@@ -43,24 +42,16 @@ pub struct WebhookSettings {
 pub enum ValidatorSettings {
     /// A local HAProxy binary (`--validation-haproxy`).
     LocalHaproxy(PathBuf),
-    /// A scratch Dataplane API beside the controller (`--validation-dataplane`).
-    Dataplane {
-        /// Its base URL (`http://127.0.0.1:5555/v3`).
-        endpoint: String,
-        /// Its user.
-        credentials: crate::dataplane::Credentials,
-    },
+    /// The validator's Dataplane API beside the controller (`--validation-dataplane`).
+    Dataplane(Arc<crate::checks::validator::ValidatorApi>),
 }
 
 impl ValidatorSettings {
-    fn build(&self) -> Result<Arc<dyn Validator>, WebhookError> {
-        Ok(match self {
+    fn build(&self) -> Arc<dyn Validator> {
+        match self {
             Self::LocalHaproxy(binary) => Arc::new(LocalHaproxy(binary.clone())),
-            Self::Dataplane { endpoint, credentials } => Arc::new(
-                ScratchDataplane::new(endpoint, credentials.clone())
-                    .map_err(|error| WebhookError::Validator(error.to_string()))?,
-            ),
-        })
+            Self::Dataplane(api) => api.clone(),
+        }
     }
 }
 
@@ -87,9 +78,6 @@ pub enum WebhookError {
         /// What is wrong.
         detail: String,
     },
-    /// The validator's settings are unusable.
-    #[error("the admission webhook's validator: {0}")]
-    Validator(String),
     /// The address cannot be listened on.
     #[error("the admission webhook cannot listen on {address}: {source}")]
     Listen {
@@ -136,7 +124,7 @@ pub async fn serve(
         .await
         .map_err(|source| WebhookError::Listen { address: settings.address, source })?;
     let address = listener.local_addr().map_err(|source| WebhookError::Listen { address: settings.address, source })?;
-    let validator = settings.validator.as_ref().map(ValidatorSettings::build).transpose()?;
+    let validator = settings.validator.as_ref().map(ValidatorSettings::build);
     let state = WebhookState { source, config, validator };
     let app = Router::new().route("/validate", post(review)).with_state(state);
     let task = tokio::spawn(async move {

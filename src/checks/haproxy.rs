@@ -59,6 +59,9 @@ pub enum HaproxyError {
     /// The request could not be made or its answer not read.
     #[error("the request failed: {0}")]
     Request(String),
+    /// The validator's Dataplane API could not be asked, or did not run the render.
+    #[error("the validator's Dataplane API: {0}")]
+    Validator(String),
 }
 
 /// A directory removed with everything in it when dropped.
@@ -122,44 +125,58 @@ impl LocalHaproxy {
 
     /// Sends `request` and reads the answer (status, headers, and the backend that took it).
     pub async fn ask(&self, request: &RequestAssertion) -> Result<Answer, HaproxyError> {
-        let plain = self.instrumented.ports.iter().filter(|port| !port.tls);
-        let port = match request.port {
-            Some(wanted) => plain.clone().find(|port| port.rendered == wanted),
-            None => plain.clone().find(|port| port.routes),
-        }
-        .map(|port| port.local)
-        .ok_or_else(|| HaproxyError::NoPort(request.port.map_or("(any)".into(), |p| p.to_string())))?;
-        let method = request.method.as_deref().unwrap_or("GET");
-        let path = request.path.as_deref().unwrap_or("/");
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", request.host);
-        for (name, value) in &request.headers {
-            if name.contains(['\r', '\n', ':']) || value.contains(['\r', '\n']) {
-                return Err(HaproxyError::Request(format!("header {name:?} cannot be sent")));
-            }
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        if !matches!(method, "GET" | "HEAD" | "OPTIONS" | "DELETE") {
-            head.push_str("Content-Length: 0\r\n");
-        }
-        head.push_str("\r\n");
-        let exchange = async {
-            let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
-            stream.write_all(head.as_bytes()).await?;
-            let mut answer = Vec::new();
-            stream.read_to_end(&mut answer).await?;
-            Ok::<_, std::io::Error>(answer)
-        };
-        let answer = tokio::time::timeout(PATIENCE, exchange)
-            .await
-            .map_err(|_| HaproxyError::Request(format!("no answer within {}s", PATIENCE.as_secs())))?
-            .map_err(|error| HaproxyError::Request(error.to_string()))?;
-        parse_answer(&answer).map_err(HaproxyError::Request)
+        ask(&self.instrumented, request).await
     }
 
     /// Stops HAProxy.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// Sends `request` to the HAProxy running `instrumented` (on loopback here) and reads the answer
+/// (status, headers, and the backend that took it).
+pub async fn ask(instrumented: &Instrumented, request: &RequestAssertion) -> Result<Answer, HaproxyError> {
+    let plain = instrumented.ports.iter().filter(|port| !port.tls);
+    let port = match request.port {
+        Some(wanted) => plain.clone().find(|port| port.rendered == wanted),
+        None => plain.clone().find(|port| port.routes),
+    }
+    .map(|port| port.local)
+    .ok_or_else(|| HaproxyError::NoPort(request.port.map_or("(any)".into(), |p| p.to_string())))?;
+    let method = request.method.as_deref().unwrap_or("GET");
+    let path = request.path.as_deref().unwrap_or("/");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", request.host);
+    for (name, value) in &request.headers {
+        if name.contains(['\r', '\n', ':']) || value.contains(['\r', '\n']) {
+            return Err(HaproxyError::Request(format!("header {name:?} cannot be sent")));
+        }
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !matches!(method, "GET" | "HEAD" | "OPTIONS" | "DELETE") {
+        head.push_str("Content-Length: 0\r\n");
+    }
+    head.push_str("\r\n");
+    let exchange = async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.write_all(head.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(PATIENCE, exchange)
+        .await
+        .map_err(|_| HaproxyError::Request(format!("no answer within {}s", PATIENCE.as_secs())))?
+        .map_err(|error| HaproxyError::Request(error.to_string()))?;
+    parse_answer(&answer).map_err(HaproxyError::Request)
+}
+
+/// A free port on loopback here (a port HAProxy's instrumented binds take).
+pub fn free_local_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|error| format!("no free local port: {error}"))
 }
 
 /// A render written to a scratch directory, made runnable, and accepted by `haproxy -c`.
@@ -203,12 +220,7 @@ async fn prepare(binary: &Path, files: &FileSet, dataplane: &DataplaneSettings) 
         }
         dirs.push((format!("{}/", pod_dir.trim_end_matches('/')), format!("{}/", local_dir.display())));
     }
-    let mut next_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|address| address.port())
-            .map_err(|error| format!("no free local port: {error}"))
-    };
+    let mut next_port = free_local_port;
     let instrumented =
         instrument(&files.haproxy_cfg.content, &dirs, &dir, &mut next_port).map_err(HaproxyError::Instrument)?;
     let config = dir.join("haproxy.cfg");

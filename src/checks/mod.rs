@@ -6,9 +6,10 @@
 
 pub mod haproxy;
 mod instrument;
+pub mod validator;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::config::{Assertion, ExpectedAnswer, HAProxyTemplateConfigSpec, RequestAssertion, ValidationTest};
 use crate::files::FileSet;
@@ -186,14 +187,47 @@ pub fn describe_request(request: &RequestAssertion) -> String {
     format!("{} {}{}", request.method.as_deref().unwrap_or("GET"), request.host, request.path.as_deref().unwrap_or("/"))
 }
 
+/// Where request assertions are sent.
+#[derive(Clone, Debug)]
+pub enum Requests {
+    /// An HAProxy started here from this binary.
+    Local(PathBuf),
+    /// The validator's HAProxy, through its Dataplane API (the chart's way: the controller's
+    /// image holds no HAProxy).
+    Validator(std::sync::Arc<validator::ValidatorApi>),
+}
+
+/// An HAProxy running one test's render.
+enum Running<'a> {
+    Local(Box<haproxy::LocalHaproxy>),
+    Validator(validator::Serving<'a>),
+}
+
+impl Running<'_> {
+    async fn ask(&self, request: &RequestAssertion) -> Result<Answer, haproxy::HaproxyError> {
+        match self {
+            Self::Local(running) => running.ask(request).await,
+            Self::Validator(serving) => haproxy::ask(&serving.instrumented, request).await,
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Self::Local(running) => running.stop().await,
+            // The validator's HAProxy keeps the render until the next one; its turn ends here.
+            Self::Validator(_) => {}
+        }
+    }
+}
+
 /// Runs every validation test of `spec`: file assertions always; request assertions through
-/// an HAProxy started from `haproxy` (the binary) when given, skipped otherwise. `shared`
-/// objects are added to every test's fixtures.
+/// `requests` when given, skipped otherwise. `shared` objects are added to every test's
+/// fixtures.
 pub async fn run(
     spec: &HAProxyTemplateConfigSpec,
     renderer: &Renderer,
     shared: &[(PathBuf, serde_json::Value)],
-    haproxy: Option<&Path>,
+    haproxy: Option<&Requests>,
 ) -> Report {
     let mut report = Report::default();
     for test in &spec.validation_tests {
@@ -207,7 +241,7 @@ async fn run_test(
     renderer: &Renderer,
     test: &ValidationTest,
     shared: &[(PathBuf, serde_json::Value)],
-    haproxy: Option<&Path>,
+    haproxy: Option<&Requests>,
 ) -> TestOutcome {
     let mut outcome = TestOutcome { name: test.name.clone(), checked: 0, skipped: 0, failures: Vec::new() };
     let fail = |assertion: Option<usize>, message: String| Failure { test: test.name.clone(), assertion, message };
@@ -233,11 +267,17 @@ async fn run_test(
     if requests.is_empty() {
         return outcome;
     }
-    let Some(binary) = haproxy else {
+    let Some(where_to) = haproxy else {
         outcome.skipped = requests.len();
         return outcome;
     };
-    let running = match haproxy::LocalHaproxy::start(binary, &files, &spec.dataplane).await {
+    let started = match where_to {
+        Requests::Local(binary) => haproxy::LocalHaproxy::start(binary, &files, &spec.dataplane)
+            .await
+            .map(|running| Running::Local(Box::new(running))),
+        Requests::Validator(api) => api.serve(&files).await.map(Running::Validator),
+    };
+    let running = match started {
         Ok(running) => running,
         Err(error) => {
             outcome.failures.push(fail(None, error.to_string()));

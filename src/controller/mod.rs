@@ -59,9 +59,9 @@ pub struct ControllerOptions {
     pub api_auth: bool,
     /// Leader election among replicas; without it, this replica deploys alone.
     pub election: Option<crate::election::ElectionSettings>,
-    /// The HAProxy binary the validation tests' requests run through; without it, only their
-    /// file assertions are checked here (`haptic validate` runs the rest).
-    pub validation_haproxy: Option<PathBuf>,
+    /// Where the validation tests' requests run (a local HAProxy, or the validator's); without
+    /// it, only their file assertions are checked here (`haptic validate` runs the rest).
+    pub validation_requests: Option<crate::checks::Requests>,
     /// The validating admission webhook, when served.
     pub webhook: Option<crate::api::webhook::WebhookSettings>,
 }
@@ -268,11 +268,11 @@ pub async fn run(
                     config.spec.clone(),
                     options.namespace.clone(),
                     watch_tx.clone(),
-                    options.validation_haproxy.clone(),
+                    options.validation_requests.clone(),
                     access_tx.clone(),
                 );
                 let task = tokio::spawn(async move {
-                    let outcome = activate(&client, &spec, &namespace, generation, changes, haproxy.as_deref()).await;
+                    let outcome = activate(&client, &spec, &namespace, generation, changes, haproxy.as_ref()).await;
                     outcome.map(|mut active| {
                         // Started after the access was read: a change from here on is seen.
                         let watch = credentials::watch(client, spec, namespace, generation, access_changes);
@@ -607,7 +607,7 @@ async fn activate(
     namespace: &str,
     generation: i64,
     changes: mpsc::Sender<Change>,
-    validation_haproxy: Option<&std::path::Path>,
+    validation_requests: Option<&crate::checks::Requests>,
 ) -> Result<Active, ValidCondition> {
     let found = problems(spec);
     if !found.is_empty() {
@@ -618,7 +618,7 @@ async fn activate(
         .map_err(|error| ValidCondition::refused(generation, "TemplateError", error.to_string()))?;
     // The configuration's own tests, before anything of it is watched or served.
     if !spec.validation_tests.is_empty() {
-        let report = crate::checks::run(spec, &renderer, &[], validation_haproxy).await;
+        let report = crate::checks::run(spec, &renderer, &[], validation_requests).await;
         if !report.passed() {
             return Err(ValidCondition::refused(generation, "ValidationTestFailed", report.summary()));
         }

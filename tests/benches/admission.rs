@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haptic::admission::scratch::ScratchDataplane;
 use haptic::admission::{Judged, LocalHaproxy, Proposal, Snapshot, Validator, Verdict, judge, judge_object};
+use haptic::checks::validator::ValidatorApi;
 use haptic::config::HAProxyTemplateConfig;
 use haptic::render::Renderer;
 
@@ -36,14 +36,14 @@ fn chart_config() -> HAProxyTemplateConfig {
 }
 
 /// The environment's validator, when `HAPTIC_ENV_DIR` names a running environment.
-fn environment_validator() -> Option<ScratchDataplane> {
+fn environment_validator() -> Option<ValidatorApi> {
     let dir = std::env::var_os("HAPTIC_ENV_DIR")?;
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(PathBuf::from(dir).join("env.json")).ok()?).ok()?;
     let validator = &manifest["validator"];
     let text = |key: &str| validator[key].as_str().unwrap_or_default().to_owned();
     let credentials = haptic::dataplane::Credentials::new(text("username"), text("password"));
-    ScratchDataplane::new(&text("dataplane_url"), credentials).ok()
+    ValidatorApi::new(&text("dataplane_url"), credentials).ok()
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> String {

@@ -176,6 +176,23 @@ impl Launch {
             ..Self::default()
         }
     }
+
+    /// The environment's validator (an HAProxy and its Dataplane API, as the chart runs beside
+    /// the controller) checking renders and running validation tests' requests, with `args`.
+    #[allow(dead_code)]
+    pub fn validated(env: &Manifest, args: &[&str]) -> Self {
+        let validator = &env.validator;
+        let mut all = vec!["--validation-dataplane".to_owned(), validator.dataplane_url.clone()];
+        all.extend(args.iter().map(|arg| (*arg).to_owned()));
+        Self {
+            args: all,
+            env: vec![
+                ("HAPTIC_VALIDATION_DATAPLANE_USERNAME".into(), validator.username.clone()),
+                ("HAPTIC_VALIDATION_DATAPLANE_PASSWORD".into(), validator.password.clone()),
+            ],
+            ..Self::default()
+        }
+    }
 }
 
 /// A running `haptic run`, stopped when dropped.

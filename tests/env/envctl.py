@@ -761,28 +761,37 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
 
 
 def start_validator(sup: Supervisor, ip: str, components: Components, ready_timeout: float) -> dict:
-    """The controller pod's `validator` container, configured as the chart configures it: a
-    Dataplane API with no HAProxy running, which checks renders with HAProxy's binary
-    (`only_validate`) for the admission webhook. Its storage directories are at the pods' paths,
-    in a filesystem view of its own, as the container's are; its user is its own."""
+    """The controller pod's validator containers, configured as the chart configures them: an
+    HAProxy (2.8, master-worker, its one listener a socket) and its Dataplane API, which check
+    renders for the admission webhook (`only_validate`) and run the validation tests' requests
+    (each render with its binds on free loopback ports). Its storage directories are at the
+    pods' paths, in a filesystem view of its own, as the containers' are; its user is its own."""
     work = sup.state_dir / "validator"
     for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
         (work / sub).mkdir(parents=True, exist_ok=True)
     for sub in POD_STORAGE:
         (work / "run" / sub).mkdir(exist_ok=True)
     password = secrets.token_hex(12)
+    binary = components.haproxy["2.8"]
     values = {
         "DATAPLANE_HOST": ip, "DATAPLANE_PORT": str(DATAPLANE_PORT), "RUN_DIR": str(work), "CONFIG_DIR": str(work),
         "MAPS_DIR": str(POD_RUN_MOUNT / "maps"), "CERTS_DIR": str(POD_RUN_MOUNT / "ssl"),
-        "GENERAL_DIR": str(POD_RUN_MOUNT / "general"), "HAPROXY_BIN": str(components.haproxy["2.8"]),
-        "MASTER_RUNTIME": "", "DATAPLANE_USERNAME": DATAPLANE_USER, "DATAPLANE_PASSWORD": password,
-        "DATAPLANE_SCHEME": "http", "TLS_CERTIFICATE": "", "TLS_KEY": "", "TLS_CLIENT_CA": "",
+        "GENERAL_DIR": str(POD_RUN_MOUNT / "general"), "HAPROXY_BIN": str(binary),
+        "MASTER_RUNTIME": str(work / "master.sock"), "DATAPLANE_USERNAME": DATAPLANE_USER,
+        "DATAPLANE_PASSWORD": password, "DATAPLANE_SCHEME": "http", "TLS_CERTIFICATE": "", "TLS_KEY": "",
+        "TLS_CLIENT_CA": "",
     }
     (work / "haproxy.cfg").write_text(chart_file("validator-haproxy.cfg", values))
     (work / "dataplaneapi.yaml").write_text(chart_file("dataplaneapi.yaml", values))
     reload_script = work / "reload-haproxy.sh"
     reload_script.write_text(chart_file("reload-haproxy.sh", values))
     reload_script.chmod(0o755)
+    haproxy_log = work / "haproxy.log"
+    haproxy = sup.start("validator/haproxy",
+                        in_pod_filesystem(work, [str(binary), "-W", "-db", "-S", str(work / "master.sock"),
+                                                 "-p", str(work / "haproxy.pid"), "-f", str(work / "haproxy.cfg")]),
+                        haproxy_log, cwd=work)
+    wait_until("the validator's HAProxy", haproxy_log, (work / "master.sock").exists, ready_timeout, haproxy)
     log_path = work / "dataplaneapi.log"
     process = sup.start("validator/dataplaneapi",
                         in_pod_filesystem(work, [str(components.dataplaneapi), "-f", str(work / "dataplaneapi.yaml")]),
@@ -797,7 +806,7 @@ def start_validator(sup: Supervisor, ip: str, components: Components, ready_time
 
     wait_until(f"the validator's Dataplane API ({url})", log_path, serving, ready_timeout, process)
     return {"dataplane_url": url, "username": DATAPLANE_USER, "password": password, "dir": str(work),
-            "log": str(log_path)}
+            "logs": {"haproxy": str(haproxy_log), "dataplaneapi": str(log_path)}}
 
 
 def start_backends(sup: Supervisor, addresses: list[str], ready_timeout: float) -> list[dict]:
