@@ -259,6 +259,12 @@ impl ControllerProcess {
         Self::launch(env, namespace, "haptic", tempfile::tempdir()?, journal, &Launch::default())
     }
 
+    /// The process id (its memory and CPU time are read from /proc).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Every render so far, as recorded in `renders.log`.
     pub fn renders(&self) -> Vec<serde_json::Value> {
         let text = std::fs::read_to_string(self.render_dir.join("renders.log")).unwrap_or_default();

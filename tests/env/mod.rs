@@ -277,10 +277,12 @@ fn state_dir() -> PathBuf {
 
 fn load_or_start() -> Result<Manifest> {
     let dir = state_dir();
+    // A second environment beside the usual one (20 pods for a bench, say) takes another net.
+    let net = std::env::var("HAPTIC_ENV_NET").unwrap_or_else(|_| "1".into());
     // `up` returns at once when the environment in `dir` is already running.
     let status = Command::new("python3")
         .arg(repo_root().join("tests/env/envctl.py"))
-        .args(["up", "--quiet", "--net", "1", "--state-dir"])
+        .args(["up", "--quiet", "--net", &net, "--state-dir"])
         .arg(&dir)
         .status()
         .context("running tests/env/envctl.py")?;

@@ -1,0 +1,417 @@
+//! The whole controller under churn (issue #17), against a running environment: the real API
+//! server, the real `haptic` binary on the chart's default library, the environment's real
+//! HAProxy pods and Dataplane APIs. It creates N Ingresses, each with its Service and an
+//! EndpointSlice of 3 endpoints, waits until every pod is in sync, then applies changes at a set
+//! rate for a set time, in turn:
+//!
+//! - **edit**: one of 20 Ingresses to the real backend moves to a new host (map entries: the
+//!   Runtime API path);
+//! - **move**: one of 20 Services with a real endpoint has it move to the other backend's port
+//!   (its server's address: the Runtime API path on HAProxy >= 2.7);
+//! - **scale**: one of the N Services gains a fourth endpoint or loses it again (a server
+//!   enabled or disabled in its slots);
+//! - **new**: a new Service, its EndpointSlice and an Ingress to it (a new backend: a reload).
+//!
+//! Edits, moves and new Services are timed until a request through every pod is answered as the
+//! change says (each pod polled every 25 ms); scale steps (their endpoints are addresses nothing
+//! answers on) are checked at the end in the controller's render. It prints the changes' rate,
+//! latencies (p50/p95/p99), reloads per pod, how far the slowest pod trails the median one, the
+//! controller's peak RSS and CPU time, the errors in its log and its journal's size.
+//!
+//! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T]`
+//! (defaults 1,000, 10 and 60). The environment is the one in `HAPTIC_ENV_DIR` (started if it
+//! is not running; `PODS=20 HAPTIC_ENV_NET=2 HAPTIC_ENV_DIR=target/test-env-20` for a fleet of
+//! 20 pods beside the usual one).
+
+#[path = "../env/mod.rs"]
+mod env;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use env::controller::ControllerProcess;
+use env::standalone::{
+    apply_library_config_for_pods, backend_host_address, ingress_to, library_namespace, start_backends,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+/// How many Ingresses and Services of the real backend take turns for edits and moves: a change
+/// to one is served long before its turn comes again.
+const TURNS: usize = 20;
+/// The real backends (on the environment's backend host): name and port.
+const WEB_A: (&str, u16) = ("web-a", 18400);
+const WEB_B: (&str, u16) = ("web-b", 18401);
+/// How long one change may take to be served everywhere before it counts as lost.
+const SERVED_LIMIT: Duration = Duration::from_secs(120);
+
+struct Settings {
+    ingresses: usize,
+    rate: f64,
+    seconds: u64,
+}
+
+fn settings() -> Settings {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    Settings {
+        ingresses: value("--ingresses").and_then(|v| v.parse().ok()).unwrap_or(1_000),
+        rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(10.0),
+        seconds: value("--seconds").and_then(|v| v.parse().ok()).unwrap_or(60),
+    }
+}
+
+/// An address nothing answers on, unique for `n`, in 198.19.0.0/16 (the benchmark range).
+fn silent_address(n: usize) -> String {
+    format!("198.19.{}.{}", (n / 250) % 250, n % 250 + 1)
+}
+
+fn service(name: &str, target_port: u16) -> Result<Service> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": target_port}]}
+    }))?)
+}
+
+fn slice(service: &str, addresses: &[String], port: u16) -> Result<EndpointSlice> {
+    let endpoints: Vec<_> =
+        addresses.iter().map(|a| json!({"addresses": [a], "conditions": {"ready": true}})).collect();
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("{service}-1"), "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port}],
+        "endpoints": endpoints
+    }))?)
+}
+
+/// The three silent endpoints of bulk Service `i`, and the fourth a scale step adds.
+fn bulk_endpoints(i: usize, count: usize) -> Vec<String> {
+    (0..count).map(|k| silent_address(4 * i + k)).collect()
+}
+
+/// Per change: when each pod first answered it as it should.
+type Served = Vec<Duration>;
+
+/// Polls every pod with `host` until `backend` answers there; each pod's time since `started`.
+async fn served_everywhere(
+    env: &'static env::Manifest,
+    http: &reqwest::Client,
+    host: &str,
+    backend: &str,
+    started: Instant,
+) -> Result<Served> {
+    let per_pod = env.pods.iter().map(|pod| async move {
+        let url = format!("http://{}/hello", pod.http_address);
+        loop {
+            if let Ok(response) = http.get(&url).header("Host", host).send().await
+                && response.text().await.unwrap_or_default().contains(&format!("backend={backend} "))
+            {
+                return Ok(started.elapsed());
+            }
+            ensure!(started.elapsed() < SERVED_LIMIT, "{} never answered {host} from {backend}", pod.name);
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    });
+    futures::future::try_join_all(per_pod).await
+}
+
+fn percentiles(samples: &[Duration]) -> String {
+    if samples.is_empty() {
+        return "n=0".into();
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let ms = |p: f64| env::measure::percentile(&sorted, p).as_secs_f64() * 1000.0;
+    format!(
+        "n={} p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        sorted.len(),
+        ms(0.5),
+        ms(0.95),
+        ms(0.99),
+        ms(1.0)
+    )
+}
+
+/// The controller's peak and current resident memory (KiB) and CPU time (s), from /proc.
+fn process_figures(pid: u32) -> Result<(u64, u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum());
+    Ok((kib("VmHWM:"), kib("VmRSS:"), ticks / 100.0))
+}
+
+fn directory_size(path: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => directory_size(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let settings = settings();
+    let env: &'static env::Manifest = env::environment();
+    let client = env.kube_client().await?;
+    let namespace = library_namespace(env, &client, "bench-churn").await?;
+    let work = tempfile::tempdir()?;
+    let address = backend_host_address()?;
+    let _backends = start_backends(work.path(), &address, &[(WEB_A.0.into(), WEB_A.1), (WEB_B.0.into(), WEB_B.1)])?;
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let post = PostParams::default();
+
+    // The fleet of objects, written 16 at a time.
+    let created = Instant::now();
+    let bulk = futures::stream::iter(0..settings.ingresses)
+        .map(|i| {
+            let (services, slices, ingresses, post) = (&services, &slices, &ingresses, &post);
+            async move {
+                let name = format!("app-{i}");
+                services.create(post, &service(&name, 8080)?).await?;
+                slices.create(post, &slice(&name, &bulk_endpoints(i, 3), 8080)?).await?;
+                ingresses.create(post, &ingress_to(&name, &format!("{name}.churn.example"), &name)?).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    bulk.into_iter().collect::<Result<Vec<_>>>()?;
+    for m in 0..TURNS {
+        let name = format!("edit-{m}");
+        services.create(&post, &service(&name, WEB_A.1)?).await?;
+        slices.create(&post, &slice(&name, std::slice::from_ref(&address), WEB_A.1)?).await?;
+        ingresses.create(&post, &ingress_to(&name, &format!("{name}-v0.churn.example"), &name)?).await?;
+        let name = format!("move-{m}");
+        services.create(&post, &service(&name, WEB_A.1)?).await?;
+        slices.create(&post, &slice(&name, std::slice::from_ref(&address), WEB_A.1)?).await?;
+        ingresses.create(&post, &ingress_to(&name, &format!("{name}.churn.example"), &name)?).await?;
+    }
+    let objects = 3 * (settings.ingresses + 2 * TURNS);
+    let creation = created.elapsed();
+
+    apply_library_config_for_pods(&client, &namespace, "bench").await?;
+    let journal = work.path().join("journal");
+    let started = Instant::now();
+    let controller = ControllerProcess::launch_library(env, &namespace, &journal)?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).pool_max_idle_per_host(4).build()?;
+    served_everywhere(env, &http, &format!("edit-{}-v0.churn.example", TURNS - 1), WEB_A.0, started)
+        .await
+        .with_context(|| controller.log_tail())?;
+    let first_served = started.elapsed();
+    controller
+        .wait_all_in_sync(env.pods.len(), Duration::from_secs(600))
+        .await
+        .with_context(|| controller.log_tail())?;
+    let converged = started.elapsed();
+    let pid = controller.pid();
+    let (_, settled_rss, settled_cpu) = process_figures(pid)?;
+
+    // Churn.
+    let reloads_before: Vec<u64> = env.pods.iter().map(|pod| pod.reloads()).collect::<Result<_>>()?;
+    let samples: Arc<Mutex<BTreeMap<&'static str, Vec<Served>>>> = Arc::default();
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut in_flight = Vec::new();
+    let mut scaled: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut edit_versions = [0usize; TURNS];
+    let mut moved = [false; TURNS];
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / settings.rate));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let churn_started = Instant::now();
+    let churn_for = Duration::from_secs(settings.seconds);
+    let mut changes = 0usize;
+    let mut peak_rss = 0;
+    while churn_started.elapsed() < churn_for {
+        ticker.tick().await;
+        let turn = (changes / 4) % TURNS;
+        let at = Instant::now();
+        let measured: Option<(&'static str, String, &'static str)> = match changes % 4 {
+            0 => {
+                edit_versions[turn] += 1;
+                let name = format!("edit-{turn}");
+                let host = format!("{name}-v{}.churn.example", edit_versions[turn]);
+                let patch = json!({"spec": {"rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": name, "port": {"number": 80}}}}]}}]}});
+                ingresses.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                Some(("edit (Ingress host)", host, WEB_A.0))
+            }
+            1 => {
+                moved[turn] = !moved[turn];
+                let (backend, port) = if moved[turn] { WEB_B } else { WEB_A };
+                let name = format!("move-{turn}");
+                let patch = json!({"ports": [{"name": "http", "port": port}]});
+                slices.patch(&format!("{name}-1"), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                Some(("move (endpoint port)", format!("{name}.churn.example"), backend))
+            }
+            2 => {
+                let i = (changes / 4 * 7919) % settings.ingresses;
+                let count = if scaled.get(&i) == Some(&4) { 3 } else { 4 };
+                scaled.insert(i, count);
+                let patch = json!({"endpoints": bulk_endpoints(i, count).iter()
+                    .map(|a| json!({"addresses": [a], "conditions": {"ready": true}})).collect::<Vec<_>>()});
+                slices.patch(&format!("app-{i}-1"), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                None
+            }
+            _ => {
+                let name = format!("new-{}", changes / 4);
+                services.create(&post, &service(&name, WEB_A.1)?).await?;
+                slices.create(&post, &slice(&name, std::slice::from_ref(&address), WEB_A.1)?).await?;
+                let host = format!("{name}.churn.example");
+                ingresses.create(&post, &ingress_to(&name, &host, &name)?).await?;
+                Some(("new (Service, slice, Ingress)", host, WEB_A.0))
+            }
+        };
+        changes += 1;
+        if let Some((kind, host, backend)) = measured {
+            let (samples, failures, http) = (samples.clone(), failures.clone(), http.clone());
+            in_flight.push(tokio::spawn(async move {
+                match served_everywhere(env, &http, &host, backend, at).await {
+                    Ok(served) => samples.lock().await.entry(kind).or_default().push(served),
+                    Err(error) => failures.lock().await.push(format!("{kind}: {error:#}")),
+                }
+            }));
+        }
+        if changes.is_multiple_of(50) {
+            peak_rss = peak_rss.max(process_figures(pid)?.1);
+        }
+    }
+    let churned = churn_started.elapsed();
+    for task in in_flight {
+        task.await?;
+    }
+    let drained = churn_started.elapsed();
+    controller
+        .wait_all_in_sync(env.pods.len(), Duration::from_secs(300))
+        .await
+        .with_context(|| controller.log_tail())?;
+    let reloads: Vec<u64> = env
+        .pods
+        .iter()
+        .zip(&reloads_before)
+        .map(|(pod, before)| pod.reloads().map(|now| now - before))
+        .collect::<Result<_>>()?;
+    let (peak_hwm, end_rss, cpu) = process_figures(pid)?;
+
+    // Scale steps, in the last render: every endpoint of a scaled Service is a server there.
+    let config = std::fs::read_to_string(controller.render_dir.join("haproxy.cfg"))?;
+    let serving: std::collections::HashSet<&str> = config
+        .lines()
+        .filter(|l| l.trim_start().starts_with("server ") && !l.contains(" disabled"))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    let mut scale_missing = 0;
+    for (i, count) in &scaled {
+        for address in bulk_endpoints(*i, *count) {
+            if !serving.contains(format!("{address}:8080").as_str()) {
+                scale_missing += 1;
+            }
+        }
+        if *count == 3 && serving.contains(format!("{}:8080", silent_address(4 * i + 3)).as_str()) {
+            scale_missing += 1;
+        }
+    }
+
+    let log = controller.log_text();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    let samples = samples.lock().await;
+    let failures = failures.lock().await;
+    let versions: Vec<&str> = env.pods.iter().map(|p| p.haproxy_version.as_str()).collect();
+    println!(
+        "churn: {} Ingresses (each with its Service and a 3-endpoint EndpointSlice; {objects} objects), {} pods (HAProxy {}), chart's default library",
+        settings.ingresses,
+        env.pods.len(),
+        versions.join(", ")
+    );
+    println!(
+        "setup: objects written in {:.1} s; controller start -> first change served on every pod {:.1} s, every pod in sync {:.1} s; RSS then {:.1} MiB, CPU {:.1} s",
+        creation.as_secs_f64(),
+        first_served.as_secs_f64(),
+        converged.as_secs_f64(),
+        settled_rss as f64 / 1024.0,
+        settled_cpu
+    );
+    println!(
+        "churn: {changes} changes in {:.1} s ({:.2}/s asked {:.1}/s), all measured ones served {:.1} s after the start",
+        churned.as_secs_f64(),
+        changes as f64 / churned.as_secs_f64(),
+        settings.rate,
+        drained.as_secs_f64()
+    );
+    let mut per_pod: Vec<Vec<Duration>> = vec![Vec::new(); env.pods.len()];
+    for (kind, changes) in samples.iter() {
+        let slowest: Vec<Duration> = changes.iter().map(|s| s.iter().copied().max().unwrap_or_default()).collect();
+        println!("  {kind} -> served on all pods: {}", percentiles(&slowest));
+        for served in changes {
+            for (pod, at) in served.iter().enumerate() {
+                per_pod[pod].push(*at);
+            }
+        }
+    }
+    let medians: Vec<f64> = per_pod
+        .iter_mut()
+        .map(|s| {
+            s.sort();
+            if s.is_empty() { 0.0 } else { env::measure::percentile(s, 0.5).as_secs_f64() * 1000.0 }
+        })
+        .collect();
+    let mut sorted = medians.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median_pod = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    let slowest_pod = sorted.last().copied().unwrap_or_default();
+    println!(
+        "  per pod median latency {} ms; slowest/median pod {:.2}",
+        medians.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", "),
+        if median_pod > 0.0 { slowest_pod / median_pod } else { 0.0 }
+    );
+    println!(
+        "  reloads per pod during churn: {} ({:.2} per change)",
+        reloads.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        reloads.iter().sum::<u64>() as f64 / reloads.len() as f64 / changes as f64
+    );
+    println!(
+        "  scale steps: {} Services scaled, {scale_missing} endpoints not as their slice says in the last render",
+        scaled.len()
+    );
+    println!(
+        "controller: peak RSS {:.1} MiB (VmHWM; sampled under churn {:.1} MiB), RSS at the end {:.1} MiB, CPU {:.1} s ({:.1} s under churn); {} ERROR lines in its log; journal {:.1} KiB",
+        peak_hwm as f64 / 1024.0,
+        peak_rss as f64 / 1024.0,
+        end_rss as f64 / 1024.0,
+        cpu,
+        cpu - settled_cpu,
+        errors.len(),
+        directory_size(&journal) as f64 / 1024.0
+    );
+    for line in errors.iter().take(5) {
+        println!("    {line}");
+    }
+    for failure in failures.iter().take(5) {
+        println!("  NOT SERVED: {failure}");
+    }
+    ensure!(failures.is_empty(), "{} changes were not served within {}s", failures.len(), SERVED_LIMIT.as_secs());
+    Ok(())
+}
