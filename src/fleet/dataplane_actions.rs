@@ -46,7 +46,18 @@ pub struct DataplaneActions {
     journal: Arc<Journal>,
     /// Asked before every write to a pod (the leader's lease, in production).
     guard: Arc<dyn WriteGuard>,
+    /// Each pod's HAProxy version, as its last reading said.
+    haproxy_versions: Mutex<HashMap<PodUid, String>>,
+    /// Renders a pod's HAProxy accepted, with that HAProxy's version: another pod running the
+    /// same version is not asked again (one `haproxy -c` per render and version, not per pod,
+    /// which on a large fleet is most of a deployment's work). The push still has the pod's
+    /// Dataplane API check the configuration before it writes it, so a pod that would refuse
+    /// it refuses it there.
+    validated: Mutex<std::collections::VecDeque<(Checksum, String)>>,
 }
+
+/// How many accepted (render, HAProxy version) pairs are remembered.
+const VALIDATED_KEPT: usize = 16;
 
 /// Lets writes out while this replica holds the lease in the term the fleet deploys in, and
 /// for no longer than it may still hold it.
@@ -73,7 +84,14 @@ impl DataplaneActions {
     /// An adapter reaching every pod with `access`, recording uploads in `journal`, writing
     /// only while `guard` allows.
     pub fn new(access: Access, journal: Arc<Journal>, guard: Arc<dyn WriteGuard>) -> Self {
-        Self { access: Mutex::new(access), clients: Mutex::new(HashMap::new()), journal, guard }
+        Self {
+            access: Mutex::new(access),
+            clients: Mutex::new(HashMap::new()),
+            journal,
+            guard,
+            haproxy_versions: Mutex::new(HashMap::new()),
+            validated: Mutex::new(std::collections::VecDeque::new()),
+        }
     }
 
     /// Replaces the credentials or TLS settings (a Secret changed); connections are rebuilt
@@ -522,6 +540,9 @@ impl PodActions for DataplaneActions {
                 None
             }
         };
+        if let (Some(version), Ok(mut known)) = (&haproxy, self.haproxy_versions.lock()) {
+            known.insert(pod.uid.clone(), version.clone());
+        }
         let versions = PodVersions { haproxy, dataplane_api };
         Ok(Reading { observed, version, copy, address_changes, versions })
     }
@@ -553,10 +574,30 @@ impl PodActions for DataplaneActions {
                 client.put_storage(kind, name, content, current.is_some()).await.map_err(failed)?;
             }
         }
+        let accepted = self
+            .haproxy_versions
+            .lock()
+            .ok()
+            .and_then(|known| known.get(&pod.uid).cloned())
+            .map(|version| (render_checksum(desired), version));
+        if let (Some(key), Ok(validated)) = (&accepted, self.validated.lock())
+            && validated.contains(key)
+        {
+            tracing::debug!(pod = %pod.name, haproxy = %key.1, "this render was accepted by the same HAProxy version");
+            return Ok(Validation::Passed);
+        }
         // `only_validate` checks no version and writes nothing.
         let config = with_render_marker(&desired.files.haproxy_cfg.content, &render_checksum(desired));
         match client.push_raw(&config, ConfigVersion(0), PushMode::ValidateOnly).await {
-            Ok(_) => Ok(Validation::Passed),
+            Ok(_) => {
+                if let (Some(key), Ok(mut validated)) = (accepted, self.validated.lock()) {
+                    if validated.len() >= VALIDATED_KEPT {
+                        validated.pop_front();
+                    }
+                    validated.push_back(key);
+                }
+                Ok(Validation::Passed)
+            }
             Err(DataplaneError::InvalidConfiguration { message, .. }) => Ok(Validation::Rejected(message)),
             Err(error) => Err(failed(error)),
         }
@@ -893,6 +934,73 @@ mod request_shapes {
         let checksum = desired.files.certs["web_shop_5f1c0d9e2a7b.pem"].checksum;
         assert!(manifest.contains(&format!("{checksum} web_shop_5f1c0d9e2a7b.pem\n")), "{manifest}");
         assert!(requests.iter().all(|r| r.headers.get("authorization").is_some()), "every call authenticates");
+    }
+
+    #[tokio::test]
+    async fn a_render_is_validated_once_per_haproxy_version_not_once_per_pod() {
+        let base = "/v3/services/haproxy";
+        let pod_api = || async {
+            let server = MockServer::start().await;
+            let json = |body: &str| ResponseTemplate::new(200).set_body_raw(body.to_owned(), "application/json");
+            Mock::given(method("GET"))
+                .and(path(format!("{base}/storage/ssl_certificates")))
+                .respond_with(json("[]"))
+                .mount(&server)
+                .await;
+            Mock::given(method("GET"))
+                .and(path(format!("{base}/storage/general/{CERTIFICATE_MANIFEST}")))
+                .respond_with(ResponseTemplate::new(404))
+                .mount(&server)
+                .await;
+            Mock::given(method("POST"))
+                .and(path(format!("{base}/configuration/raw")))
+                .and(query_param("only_validate", "true"))
+                .respond_with(ResponseTemplate::new(202))
+                .mount(&server)
+                .await;
+            server
+        };
+        let servers = [pod_api().await, pod_api().await, pod_api().await];
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(&dir.path().join("journal"), 10).unwrap().0);
+        let actions = DataplaneActions::new(Access::plain(Credentials::new("admin", "secret")), journal, unguarded());
+        let pods: Vec<PodTarget> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, server)| PodTarget {
+                uid: PodUid(format!("u{i}")),
+                namespace: "n".into(),
+                name: format!("p{i}"),
+                endpoint: format!("{}/v3", server.uri()),
+            })
+            .collect();
+        // As their readings said: two pods run 2.8.25, one 2.6.12.
+        for (pod, version) in pods.iter().zip(["2.8.25-5cf5d0683", "2.8.25-5cf5d0683", "2.6.12-1+deb12u4"]) {
+            actions.haproxy_versions.lock().unwrap().insert(pod.uid.clone(), version.to_owned());
+        }
+        let desired = Desired::new(FileSet {
+            haproxy_cfg: RenderedFile::new("global\n".into()),
+            maps: BTreeMap::new(),
+            files: BTreeMap::new(),
+            certs: BTreeMap::new(),
+        });
+        for pod in &pods {
+            assert_eq!(actions.validate(pod, &desired).await.unwrap(), Validation::Passed);
+        }
+        let mut asked = Vec::new();
+        for server in &servers {
+            let requests = server.received_requests().await.unwrap();
+            asked.push(requests.iter().filter(|r| r.url.query().is_some_and(|q| q.contains("only_validate"))).count());
+        }
+        assert_eq!(asked, [1, 0, 1], "the second 2.8 pod is not asked again; the 2.6 pod is");
+        // Another render is asked again.
+        let other = Desired::new(FileSet {
+            haproxy_cfg: RenderedFile::new("global\n  maxconn 9\n".into()),
+            ..(*desired.files).clone()
+        });
+        assert_eq!(actions.validate(&pods[1], &other).await.unwrap(), Validation::Passed);
+        let requests = servers[1].received_requests().await.unwrap();
+        assert_eq!(requests.iter().filter(|r| r.url.query().is_some_and(|q| q.contains("only_validate"))).count(), 1);
     }
 
     #[tokio::test]
