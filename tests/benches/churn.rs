@@ -19,8 +19,9 @@
 //! latencies (p50/p95/p99), reloads per pod, how far the slowest pod trails the median one, the
 //! controller's peak RSS and CPU time, the errors in its log and its journal's size.
 //!
-//! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T]`
-//! (defaults 1,000, 10 and 60). The environment is the one in `HAPTIC_ENV_DIR` (started if it
+//! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T] [--max-delay D]`
+//! (defaults 1,000, 10, 60 and the configuration's own: under a steady stream of changes the
+//! debouncer's quiet window never passes, so renders come every `debounce.maxDelay`, 5 s). The environment is the one in `HAPTIC_ENV_DIR` (started if it
 //! is not running; `PODS=20 HAPTIC_ENV_NET=2 HAPTIC_ENV_DIR=target/test-env-20` for a fleet of
 //! 20 pods beside the usual one).
 
@@ -57,6 +58,8 @@ struct Settings {
     ingresses: usize,
     rate: f64,
     seconds: u64,
+    /// `spec.dataplane.debounce.maxDelay`, when not the default (5 s).
+    max_delay: Option<String>,
 }
 
 fn settings() -> Settings {
@@ -66,6 +69,7 @@ fn settings() -> Settings {
         ingresses: value("--ingresses").and_then(|v| v.parse().ok()).unwrap_or(1_000),
         rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(10.0),
         seconds: value("--seconds").and_then(|v| v.parse().ok()).unwrap_or(60),
+        max_delay: value("--max-delay"),
     }
 }
 
@@ -224,6 +228,11 @@ async fn main() -> Result<()> {
     let creation = created.elapsed();
 
     apply_library_config_for_pods(&client, &namespace, "bench").await?;
+    if let Some(max_delay) = &settings.max_delay {
+        let configs: Api<haptic::config::HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
+        let patch = json!({"spec": {"dataplane": {"debounce": {"maxDelay": max_delay}}}});
+        configs.patch("haptic", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
     let journal = work.path().join("journal");
     let started = Instant::now();
     let controller = ControllerProcess::launch_library(env, &namespace, &journal)?;
@@ -349,6 +358,9 @@ async fn main() -> Result<()> {
     let samples = samples.lock().await;
     let failures = failures.lock().await;
     let versions: Vec<&str> = env.pods.iter().map(|p| p.haproxy_version.as_str()).collect();
+    if let Some(max_delay) = &settings.max_delay {
+        println!("debounce.maxDelay {max_delay}");
+    }
     println!(
         "churn: {} Ingresses (each with its Service and a 3-endpoint EndpointSlice; {objects} objects), {} pods (HAProxy {}), chart's default library",
         settings.ingresses,
