@@ -378,16 +378,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    // One validator for the webhook's checks and the validation tests' requests: they take turns.
-    let validator = match &args.validation_dataplane {
+    // One HAProxy for the webhook's checks and the validation tests' requests (they take turns
+    // on the validator): the validator's when given, else a local binary.
+    let validation = match &args.validation_dataplane {
         Some(endpoint) => {
             let password = std::env::var("HAPTIC_VALIDATION_DATAPLANE_PASSWORD").unwrap_or_default();
             let credentials = crate::dataplane::Credentials::new(args.validation_dataplane_username.clone(), password);
             let api = crate::checks::validator::ValidatorApi::new(endpoint, credentials)
                 .with_context(|| format!("--validation-dataplane {endpoint}"))?;
-            Some(std::sync::Arc::new(api))
+            Some(crate::checks::Requests::Validator(std::sync::Arc::new(api)))
         }
-        None => None,
+        None => args.validation_haproxy.map(crate::checks::Requests::Local),
     };
     let options = crate::controller::ControllerOptions {
         namespace: args.config_namespace,
@@ -403,17 +404,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         webhook: args.webhook_address.map(|address| crate::api::webhook::WebhookSettings {
             address,
             certificate_dir: args.webhook_cert_dir.clone(),
-            validator: match (&validator, &args.validation_haproxy) {
-                (Some(api), _) => Some(crate::api::webhook::ValidatorSettings::Dataplane(api.clone())),
-                (None, Some(binary)) => Some(crate::api::webhook::ValidatorSettings::LocalHaproxy(binary.clone())),
-                (None, None) => None,
-            },
+            validator: validation.clone(),
         }),
-        validation_requests: match (validator, args.validation_haproxy) {
-            (Some(api), _) => Some(crate::checks::Requests::Validator(api)),
-            (None, Some(binary)) => Some(crate::checks::Requests::Local(binary)),
-            (None, None) => None,
-        },
+        validation_requests: validation,
     };
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)
 }

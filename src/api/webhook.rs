@@ -32,26 +32,16 @@ pub struct WebhookSettings {
     pub address: SocketAddr,
     /// A directory with `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret mounted there).
     pub certificate_dir: PathBuf,
-    /// What checks each render with HAProxy; without it, renders are judged by haptic's own
-    /// refusals only.
-    pub validator: Option<ValidatorSettings>,
+    /// What checks each render with HAProxy (the HAProxy the validation tests' requests go
+    /// through); without it, renders are judged by haptic's own refusals only.
+    pub validator: Option<crate::checks::Requests>,
 }
 
-/// Where the webhook has renders checked by HAProxy.
-#[derive(Clone, Debug)]
-pub enum ValidatorSettings {
-    /// A local HAProxy binary (`--validation-haproxy`).
-    LocalHaproxy(PathBuf),
-    /// The validator's Dataplane API beside the controller (`--validation-dataplane`).
-    Dataplane(Arc<crate::checks::validator::ValidatorApi>),
-}
-
-impl ValidatorSettings {
-    fn build(&self) -> Arc<dyn Validator> {
-        match self {
-            Self::LocalHaproxy(binary) => Arc::new(LocalHaproxy(binary.clone())),
-            Self::Dataplane(api) => api.clone(),
-        }
+/// The validator a review asks: a local HAProxy's `haproxy -c`, or the validator's API.
+fn validator_of(requests: &crate::checks::Requests) -> Arc<dyn Validator> {
+    match requests {
+        crate::checks::Requests::Local(binary) => Arc::new(LocalHaproxy(binary.clone())),
+        crate::checks::Requests::Validator(api) => api.clone(),
     }
 }
 
@@ -124,7 +114,7 @@ pub async fn serve(
         .await
         .map_err(|source| WebhookError::Listen { address: settings.address, source })?;
     let address = listener.local_addr().map_err(|source| WebhookError::Listen { address: settings.address, source })?;
-    let validator = settings.validator.as_ref().map(ValidatorSettings::build);
+    let validator = settings.validator.as_ref().map(validator_of);
     let state = WebhookState { source, config, validator };
     let app = Router::new().route("/validate", post(review)).with_state(state);
     let task = tokio::spawn(async move {
