@@ -110,15 +110,10 @@ impl LocalHaproxy {
             .map_err(|source| HaproxyError::Spawn { binary: binary.into(), source })?;
         let mut running = Self { child, instrumented, _scratch: scratch };
         let deadline = tokio::time::Instant::now() + PATIENCE;
-        for port in running.instrumented.ports.clone() {
-            while TcpStream::connect(("127.0.0.1", port.local)).await.is_err() {
-                let exited = matches!(running.child.try_wait(), Ok(Some(_)));
-                if exited || tokio::time::Instant::now() > deadline {
-                    let output = std::fs::read_to_string(&log).unwrap_or_default();
-                    return Err(HaproxyError::NotListening { log: alerts(&output, &config, &running.instrumented) });
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        let child = &mut running.child;
+        if until_listening(&running.instrumented, deadline, || matches!(child.try_wait(), Ok(Some(_)))).await.is_err() {
+            let output = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(HaproxyError::NotListening { log: alerts(&output, &config, &running.instrumented) });
         }
         Ok(running)
     }
@@ -169,6 +164,24 @@ pub async fn ask(instrumented: &Instrumented, request: &RequestAssertion) -> Res
         .map_err(|_| HaproxyError::Request(format!("no answer within {}s", PATIENCE.as_secs())))?
         .map_err(|error| HaproxyError::Request(error.to_string()))?;
     parse_answer(&answer).map_err(HaproxyError::Request)
+}
+
+/// Waits until every port of `instrumented` takes connections on loopback here; `Err` with the
+/// first that does not by `deadline`, or once `gone` says HAProxy exited.
+pub async fn until_listening(
+    instrumented: &Instrumented,
+    deadline: tokio::time::Instant,
+    mut gone: impl FnMut() -> bool,
+) -> Result<(), u16> {
+    for port in &instrumented.ports {
+        while TcpStream::connect(("127.0.0.1", port.local)).await.is_err() {
+            if gone() || tokio::time::Instant::now() > deadline {
+                return Err(port.local);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
 }
 
 /// A free port on loopback here (a port HAProxy's instrumented binds take).

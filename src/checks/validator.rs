@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, MutexGuard};
 
-use super::haproxy::{HaproxyError, free_local_port};
+use super::haproxy::{HaproxyError, free_local_port, until_listening};
 use super::instrument::{Instrumented, instrument};
 use crate::dataplane::{
-    Access, ConfigVersion, Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadStatus,
+    Access, ConfigVersion, Credentials, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadEnd,
     StorageKind,
 };
 use crate::files::{Checksum, FileSet};
@@ -95,28 +95,19 @@ impl ValidatorApi {
             .map_err(HaproxyError::Instrument)?;
         let version = self.client.configuration_version().await.map_err(unavailable)?;
         match self.client.push_raw(&instrumented.config, version, PushMode::ForceReload).await {
-            Ok(PushOutcome::ReloadQueued(id, _)) => {
-                let deadline = tokio::time::Instant::now() + START_LIMIT;
-                loop {
-                    let reload = self.client.reload(&id).await.map_err(unavailable)?;
-                    match reload.status {
-                        ReloadStatus::Succeeded => break,
-                        ReloadStatus::Failed => {
-                            return Err(HaproxyError::Validator(format!(
-                                "its HAProxy did not reload: {}",
-                                reload.response.unwrap_or_default().trim()
-                            )));
-                        }
-                        ReloadStatus::InProgress if tokio::time::Instant::now() > deadline => {
-                            return Err(HaproxyError::Validator(format!(
-                                "its HAProxy did not reload within {}s",
-                                START_LIMIT.as_secs()
-                            )));
-                        }
-                        ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(50)).await,
-                    }
+            Ok(PushOutcome::ReloadQueued(id, _)) => match self.client.await_reload(&id, START_LIMIT).await {
+                Ok(ReloadEnd::Succeeded) => {}
+                Ok(ReloadEnd::Failed(output)) => {
+                    return Err(HaproxyError::Validator(format!("its HAProxy did not reload: {}", output.trim())));
                 }
-            }
+                Ok(ReloadEnd::StillRunning) => {
+                    return Err(HaproxyError::Validator(format!(
+                        "its HAProxy did not reload within {}s",
+                        START_LIMIT.as_secs()
+                    )));
+                }
+                Err(error) => return Err(unavailable(error)),
+            },
             Ok(_) => {}
             Err(DataplaneError::InvalidConfiguration { message, .. }) => {
                 return Err(HaproxyError::Refused(format!("{} (instrumented to run here)", as_rendered(&message))));
@@ -124,17 +115,11 @@ impl ValidatorApi {
             Err(error) => return Err(unavailable(error)),
         }
         let deadline = tokio::time::Instant::now() + START_LIMIT;
-        for port in &instrumented.ports {
-            while tokio::net::TcpStream::connect(("127.0.0.1", port.local)).await.is_err() {
-                if tokio::time::Instant::now() > deadline {
-                    return Err(HaproxyError::Validator(format!(
-                        "its HAProxy did not listen on 127.0.0.1:{} within {}s",
-                        port.local,
-                        START_LIMIT.as_secs()
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        if let Err(port) = until_listening(&instrumented, deadline, || false).await {
+            return Err(HaproxyError::Validator(format!(
+                "its HAProxy did not listen on 127.0.0.1:{port} within {}s",
+                START_LIMIT.as_secs()
+            )));
         }
         Ok(Serving { _turn: guard, instrumented })
     }

@@ -114,6 +114,17 @@ impl Access {
 /// How an empty map is stored when it replaces one with entries (see `put_storage`).
 const EMPTY_MAP_AS_STORED: &str = "\n";
 
+/// How a reload awaited with `await_reload` ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReloadEnd {
+    /// HAProxy runs the new configuration.
+    Succeeded,
+    /// HAProxy refused it (its output); the Dataplane API restored the last good file.
+    Failed(String),
+    /// Still queued or running when the wait ended.
+    StillRunning,
+}
+
 /// The kinds of auxiliary file storage the Dataplane API keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StorageKind {
@@ -605,6 +616,24 @@ impl DataplaneClient {
         let path = format!("services/haproxy/reloads/{}", id.0);
         let (_, body) = self.send_expecting(Method::GET, &path, None, &[StatusCode::OK]).await?;
         answers::parse_reload(&body).map_err(|detail| self.unreadable(&path, detail))
+    }
+
+    /// Polls reload `id` (every 100 ms) until it is over or `limit` has passed. v3.2.7 answers a
+    /// reload still waiting for its turn without an id, and forgets reloads older than its last
+    /// success (answering "succeeded" for them).
+    pub async fn await_reload(&self, id: &ReloadId, limit: Duration) -> Result<ReloadEnd, DataplaneError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let reload = self.reload(id).await?;
+            match reload.status {
+                ReloadStatus::Succeeded => return Ok(ReloadEnd::Succeeded),
+                ReloadStatus::Failed => return Ok(ReloadEnd::Failed(reload.response.unwrap_or_default())),
+                ReloadStatus::InProgress if tokio::time::Instant::now() > deadline => {
+                    return Ok(ReloadEnd::StillRunning);
+                }
+                ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 
     /// `GET /services/haproxy/reloads`: the reloads the Dataplane API remembers.

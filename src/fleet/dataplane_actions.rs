@@ -25,7 +25,7 @@ use super::driver::{
     ActionError, Desired, Patched, PodActions, PodTarget, PodVersions, Reading, StoredCopy, Validation,
 };
 use crate::dataplane::{
-    Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadId, ReloadStatus,
+    Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadEnd, ReloadId,
     StorageKind, StoredConfig, WriteGuard,
 };
 use crate::files::{CERTIFICATE_MANIFEST, Checksum};
@@ -209,22 +209,15 @@ fn render_checksum(desired: &Desired) -> Checksum {
     desired.files.haproxy_cfg.checksum
 }
 
-/// Waits for a queued reload. v3.2.7 answers a reload still waiting for its turn without an
-/// id, and forgets reloads older than its last success (answering "succeeded" for them).
+/// Waits for a queued reload (`DataplaneClient::await_reload`).
 async fn wait_for_reload(client: &DataplaneClient, id: &ReloadId) -> Result<(), ActionError> {
-    let deadline = Instant::now() + RELOAD_TIMEOUT;
-    loop {
-        let reload = client.reload(id).await.map_err(failed)?;
-        match reload.status {
-            ReloadStatus::Succeeded => return Ok(()),
-            ReloadStatus::Failed => {
-                let output = reload.response.unwrap_or_default();
-                return Err(ActionError::ReloadFailed(format!("reload {id} failed: {}", haproxy_alerts(&output))));
-            }
-            ReloadStatus::InProgress if Instant::now() > deadline => {
-                return Err(failed(format!("reload {id} still in progress after {}s", RELOAD_TIMEOUT.as_secs())));
-            }
-            ReloadStatus::InProgress => tokio::time::sleep(Duration::from_millis(100)).await,
+    match client.await_reload(id, RELOAD_TIMEOUT).await.map_err(failed)? {
+        ReloadEnd::Succeeded => Ok(()),
+        ReloadEnd::Failed(output) => {
+            Err(ActionError::ReloadFailed(format!("reload {id} failed: {}", haproxy_alerts(&output))))
+        }
+        ReloadEnd::StillRunning => {
+            Err(failed(format!("reload {id} still in progress after {}s", RELOAD_TIMEOUT.as_secs())))
         }
     }
 }
