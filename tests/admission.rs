@@ -69,6 +69,20 @@ fn webhook_configuration(
     }))?)
 }
 
+/// Registers the webhook at `address` for `namespace` (failurePolicy Ignore): the API and the
+/// configuration's name, to change or delete it.
+async fn register_webhook(
+    client: &kube::Client,
+    namespace: &str,
+    address: &str,
+    ca: &str,
+) -> Result<(Api<ValidatingWebhookConfiguration>, String)> {
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let name = format!("haptic-test-{namespace}");
+    webhooks.create(&PostParams::default(), &webhook_configuration(&name, namespace, address, ca, "Ignore")?).await?;
+    Ok((webhooks, name))
+}
+
 /// Creates `object` until it is refused (the API server takes a moment to call a webhook it was
 /// just given), and gives the refusal's message.
 async fn first_refusal(ingresses: &Api<Ingress>, object: &Ingress) -> Result<String> {
@@ -123,11 +137,7 @@ async fn the_webhook_refuses_hostile_and_invalid_objects_admits_valid_ones_and_f
     let address = controller.listening_address("admission webhook listening").await?;
     controller.wait_for_config("the first render", Duration::from_secs(30), |c| c.contains("backend none")).await?;
 
-    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let name = format!("haptic-test-{namespace}");
-    webhooks
-        .create(&PostParams::default(), &webhook_configuration(&name, &namespace, &address, &ca, "Ignore")?)
-        .await?;
+    let (webhooks, name) = register_webhook(&client, &namespace, &address, &ca).await?;
     let outcome = async {
         let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
         let message = first_refusal(&ingresses, &ingress("hostile", "5s\n    http-request deny")?).await?;
@@ -261,11 +271,7 @@ async fn the_webhook_checks_renders_through_the_validators_dataplane_api_and_wri
         )
         .await?;
 
-    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let name = format!("haptic-test-{namespace}");
-    webhooks
-        .create(&PostParams::default(), &webhook_configuration(&name, &namespace, &address, &ca, "Ignore")?)
-        .await?;
+    let (webhooks, name) = register_webhook(&client, &namespace, &address, &ca).await?;
     let outcome = async {
         let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
         let before = pod_files(env)?;

@@ -142,7 +142,8 @@ async fn the_controller_runs_the_tests_requests_through_the_validator() -> Resul
                       "generalDir": "/var/run/haproxy/general"},
         "validationTests": tests("ingress_shop")
     });
-    let (client, namespace, configs) = env::controller::ingress_test_namespace(env, "validator-requests", spec).await?;
+    let (_client, namespace, configs) =
+        env::controller::ingress_test_namespace(env, "validator-requests", spec).await?;
     let launch = Launch::validated(env, &["--render-only"]);
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
@@ -177,6 +178,5 @@ async fn the_controller_runs_the_tests_requests_through_the_validator() -> Resul
             && message.contains("backend ingress_shop (expected ingress_cart)"),
         "{message}"
     );
-    drop(client);
     Ok(())
 }

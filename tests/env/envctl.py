@@ -661,6 +661,24 @@ def make_dataplane_pki(directory: Path, ips: list[str]) -> dict:
             ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
 
 
+def make_pod_dirs(pod_dir: Path) -> None:
+    """The directories a simulated pod's HAProxy and Dataplane API use (storage below `run/`,
+    seen at POD_RUN_MOUNT inside the pod's filesystem view)."""
+    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
+        (pod_dir / sub).mkdir(parents=True, exist_ok=True)
+    for sub in POD_STORAGE:
+        (pod_dir / "run" / sub).mkdir(exist_ok=True)
+
+
+def dataplane_serves(url: str, auth: str, context: ssl.SSLContext | None = None) -> bool:
+    """Whether the Dataplane API at `url` serves: /health says "unknown" under the custom reload
+    strategy without a status_cmd, whatever HAProxy does; /info answering with the version means
+    the API serves."""
+    request = urllib.request.Request(url + "/info", headers={"Authorization": auth})
+    with urllib.request.urlopen(request, timeout=1, context=context) as response:
+        return DATAPLANEAPI_TAG in json.loads(response.read()).get("api", {}).get("version", "")
+
+
 def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Components, password: str,
               ready_timeout: float, tls: dict | None = None) -> dict:
     """One simulated pod, configured as the chart configures one (chart/files): HAProxy from the
@@ -670,10 +688,7 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
     With `tls` (`make_dataplane_pki`'s files and `client_certificates`), the Dataplane API
     serves https with the server certificate, and requires the client certificate when asked."""
     pod_dir = sup.state_dir / "pods" / name
-    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
-        (pod_dir / sub).mkdir(parents=True, exist_ok=True)
-    for sub in POD_STORAGE:
-        (pod_dir / "run" / sub).mkdir(exist_ok=True)
+    make_pod_dirs(pod_dir)
     binary = components.haproxy[version]
     values = {
         # The chart's defaults (values.yaml): the pod's own file in its filesystem view.
@@ -746,15 +761,8 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
         pod["tls"] = {"server_name": DATAPLANE_SERVER_NAME, "client_certificates": tls["client_certificates"],
                       **{key.replace(".", "_"): value for key, value in tls.items() if "." in key}}
 
-    def dataplane_healthy() -> bool:
-        # /health says "unknown" under the custom reload strategy without a status_cmd, whatever
-        # HAProxy does; /info answering with the version means the API serves.
-        request = urllib.request.Request(dataplane_url + "/info", headers={"Authorization": auth})
-        with urllib.request.urlopen(request, timeout=1, context=context) as response:
-            return DATAPLANEAPI_TAG in json.loads(response.read()).get("api", {}).get("version", "")
-
-    wait_until(f"Dataplane API of pod {name} ({dataplane_url})", dataplane_log, dataplane_healthy, ready_timeout,
-               dataplane)
+    wait_until(f"Dataplane API of pod {name} ({dataplane_url})", dataplane_log,
+               lambda: dataplane_serves(dataplane_url, auth, context), ready_timeout, dataplane)
     pod["dataplane_url"] = dataplane_url
     pod["logs"]["dataplaneapi"] = str(dataplane_log)
     return pod
@@ -767,10 +775,7 @@ def start_validator(sup: Supervisor, ip: str, components: Components, ready_time
     (each render with its binds on free loopback ports). Its storage directories are at the
     pods' paths, in a filesystem view of its own, as the containers' are; its user is its own."""
     work = sup.state_dir / "validator"
-    for sub in ("maps", "general", "ssl", "spoe", "spoe-transactions", "transactions", "backups", "storage", "run"):
-        (work / sub).mkdir(parents=True, exist_ok=True)
-    for sub in POD_STORAGE:
-        (work / "run" / sub).mkdir(exist_ok=True)
+    make_pod_dirs(work)
     password = secrets.token_hex(12)
     binary = components.haproxy["2.8"]
     values = {
@@ -799,12 +804,8 @@ def start_validator(sup: Supervisor, ip: str, components: Components, ready_time
     url = f"http://{ip}:{DATAPLANE_PORT}/v3"
     auth = "Basic " + b64encode(f"{DATAPLANE_USER}:{password}".encode()).decode()
 
-    def serving() -> bool:
-        request = urllib.request.Request(url + "/info", headers={"Authorization": auth})
-        with urllib.request.urlopen(request, timeout=1) as response:
-            return DATAPLANEAPI_TAG in json.loads(response.read()).get("api", {}).get("version", "")
-
-    wait_until(f"the validator's Dataplane API ({url})", log_path, serving, ready_timeout, process)
+    wait_until(f"the validator's Dataplane API ({url})", log_path, lambda: dataplane_serves(url, auth), ready_timeout,
+               process)
     return {"dataplane_url": url, "username": DATAPLANE_USER, "password": password, "dir": str(work),
             "logs": {"haproxy": str(haproxy_log), "dataplaneapi": str(log_path)}}
 
