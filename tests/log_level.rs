@@ -12,17 +12,22 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// The log's lines after the last one saying the filter changed to `level`.
+/// Waits for the line saying the filter changed to `level`, then returns how many lines the log
+/// holds a moment later: lines after that count were all written under the new filter.
+///
+/// The moment matters: the marker is said just before the switch when only the old filter shows
+/// it, and a line another thread had already let through may land just after it.
 async fn lines_after_switch(controller: &ControllerProcess, level: Option<&str>) -> Result<usize> {
     let marker = format!("log_level={level:?}");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let log = controller.log_text();
-        let lines: Vec<&str> = log.lines().collect();
-        if let Some(at) =
-            lines.iter().rposition(|l| l.contains("log filter from the configuration") && l.contains(&marker))
-        {
-            return Ok(at);
+        let switched = controller
+            .log_text()
+            .lines()
+            .any(|l| l.contains("log filter from the configuration") && l.contains(&marker));
+        if switched {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return Ok(controller.log_text().lines().count());
         }
         ensure!(Instant::now() < deadline, "the controller never took log level {level:?}:\n{}", controller.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -65,7 +70,7 @@ async fn the_configurations_log_level_takes_effect_without_a_restart() -> Result
         controller.wait_for_config(&format!("{name} rendered"), Duration::from_secs(30), |c| c.contains(&name)).await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let log = controller.log_text();
-        let after: Vec<&str> = log.lines().skip(from + 1).collect();
+        let after: Vec<&str> = log.lines().skip(from).collect();
         if let Some(hidden) = hidden {
             ensure!(
                 !after.iter().any(|l| l.contains(hidden)),
@@ -85,7 +90,7 @@ async fn the_configurations_log_level_takes_effect_without_a_restart() -> Result
     controller.wait_for_config(&format!("{name} rendered"), Duration::from_secs(30), |c| c.contains(&name)).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = controller.log_text();
-    let after: Vec<&str> = log.lines().skip(from + 1).collect();
+    let after: Vec<&str> = log.lines().skip(from).collect();
     ensure!(
         after.iter().any(|l| l.contains(" INFO ")) && !after.iter().any(|l| l.contains(" DEBUG ")),
         "{}",
