@@ -115,7 +115,7 @@ pub fn judge_object(snapshot: &Snapshot, proposal: &Proposal) -> Judged {
 }
 
 fn is(object: Option<&crate::store::ObjectRef>, kind: &str, key: &ObjectKey) -> bool {
-    object.is_some_and(|object| object.kind == kind && object.key == *key)
+    object.is_some_and(|object| &*object.kind == kind && object.key == *key)
 }
 
 /// Judges a new version of the followed configuration: its checks, its templates, its

@@ -78,8 +78,8 @@ pub fn changes(
             };
             if current != wanted {
                 out.push(IngressStatusChange {
-                    namespace: object.reference.key.namespace.clone(),
-                    name: object.reference.key.name.clone(),
+                    namespace: object.reference.key.namespace.to_string(),
+                    name: object.reference.key.name.to_string(),
                     ingress: wanted,
                 });
             }
@@ -117,7 +117,7 @@ fn at(object: &crate::store::StoredObject, path: &[&str]) -> Option<minijinja::V
 fn service_addresses(stores: &Stores, service: &crate::config::ServiceRef) -> Vec<String> {
     let found =
         stores.values().filter(|store| store.kind() == "Service").flat_map(|store| store.iter()).find(|object| {
-            object.reference.key.namespace == service.namespace && object.reference.key.name == service.name
+            *object.reference.key.namespace == *service.namespace && *object.reference.key.name == *service.name
         });
     let Some(list) = found.and_then(|object| at(object, &["status", "loadBalancer", "ingress"])) else {
         return Vec::new();
@@ -139,7 +139,7 @@ pub fn class_is_default(stores: &Stores, class: &str) -> bool {
         .values()
         .filter(|store| store.kind() == "IngressClass")
         .flat_map(|store| store.iter())
-        .filter(|object| object.reference.key.name == class)
+        .filter(|object| &*object.reference.key.name == class)
         .any(|object| {
             at(object, &["metadata", "annotations"])
                 .and_then(|a| a.get_item(&"ingressclass.kubernetes.io/is-default-class".into()).ok())

@@ -663,9 +663,9 @@ fn reconcile_span(triggers: &[Trigger], generation: i64) -> tracing::Span {
     match triggers.first() {
         Some(Trigger::Watch(Change::Applied(object) | Change::Deleted(object))) => {
             span.record("haptic.trigger", tracing::field::display(&triggers[0]));
-            span.record("k8s.resource.kind", object.kind.as_str());
-            span.record("k8s.namespace.name", object.key.namespace.as_str());
-            span.record("k8s.resource.name", object.key.name.as_str());
+            span.record("k8s.resource.kind", object.kind.as_ref() as &str);
+            span.record("k8s.namespace.name", object.key.namespace.as_ref() as &str);
+            span.record("k8s.resource.name", object.key.name.as_ref() as &str);
         }
         Some(trigger) => {
             span.record("haptic.trigger", tracing::field::display(trigger));

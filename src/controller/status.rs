@@ -229,7 +229,7 @@ impl Refusal {
         let offender = error.offending_object()?;
         let stored = stores
             .values()
-            .find_map(|store| (store.kind() == offender.kind).then(|| store.by_key(&offender.key)).flatten())?;
+            .find_map(|store| (store.kind() == &*offender.kind).then(|| store.by_key(&offender.key)).flatten())?;
         let field = |path: &[&str]| {
             let mut value = stored.value.clone();
             for key in path {
@@ -240,9 +240,9 @@ impl Refusal {
         Some(Self {
             object: ObjectReference {
                 api_version: field(&["apiVersion"]),
-                kind: Some(offender.kind.clone()),
-                namespace: (!offender.key.namespace.is_empty()).then(|| offender.key.namespace.clone()),
-                name: Some(offender.key.name.clone()),
+                kind: Some(offender.kind.to_string()),
+                namespace: (!offender.key.namespace.is_empty()).then(|| offender.key.namespace.to_string()),
+                name: Some(offender.key.name.to_string()),
                 uid: field(&["metadata", "uid"]),
                 ..ObjectReference::default()
             },

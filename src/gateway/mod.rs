@@ -387,7 +387,7 @@ impl Inputs {
             inputs.namespaces.insert(namespace.metadata.name, namespace.metadata.labels);
         }
         let get = |alias: &str, namespace: &str, name: &str| {
-            let key = crate::store::ObjectKey { namespace: namespace.to_owned(), name: name.to_owned() };
+            let key = crate::store::ObjectKey { namespace: namespace.into(), name: name.into() };
             stores.get(alias).and_then(|store| store.by_key(&key).cloned())
         };
         let routes =

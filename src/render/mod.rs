@@ -478,7 +478,7 @@ impl Renderer {
             };
             let mut removed = false;
             for store in stores.values_mut() {
-                if store.kind() == object.kind && store.by_key(&object.key).is_some() {
+                if store.kind() == &*object.kind && store.by_key(&object.key).is_some() {
                     let mut without = ResourceStore::clone(store);
                     without.delete(&object.key);
                     *store = Arc::new(without);

@@ -6,6 +6,7 @@
 //! objects in a stable order (namespace, name) so renders are deterministic whatever the order
 //! of events.
 
+pub mod compact;
 pub mod fieldpath;
 pub mod selector;
 
@@ -20,20 +21,21 @@ pub use fieldpath::FieldPath;
 
 use crate::files::Checksum;
 
-/// Identity of an object within one store.
+/// Identity of an object within one store. Its strings are shared (a store holds each key
+/// three times: in its map, its index, its object) and namespaces are interned.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     /// The namespace; empty for cluster-scoped objects.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// The name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 /// An object named for people: `Ingress default/web`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ObjectRef {
     /// The kind.
-    pub kind: String,
+    pub kind: Arc<str>,
     /// Namespace and name.
     pub key: ObjectKey,
 }
@@ -48,17 +50,17 @@ impl fmt::Display for ObjectRef {
     }
 }
 
-/// One stored object. Only its template form is kept (not the JSON it came from), with a
-/// checksum of its content to tell real changes from re-sent copies: at 10,000 Ingresses the
-/// stores are the controller's largest memory.
+/// One stored object. Only its template form is kept (not the JSON it came from), in the
+/// compact form of [`compact`], with a checksum of its content to tell real changes from
+/// re-sent copies: at 10,000 Ingresses the stores are the controller's largest memory.
 #[derive(Debug)]
 pub struct StoredObject {
     /// Who it is.
     pub reference: ObjectRef,
     /// Checksum of its content with noise removed.
     pub content: Checksum,
-    /// Its index key, when every `indexBy` path resolved.
-    pub index_key: Option<Vec<String>>,
+    /// Its index key, when every `indexBy` path resolved (shared with the store's index).
+    pub index_key: Option<Arc<[String]>>,
     /// Its content as a template value.
     pub value: minijinja::Value,
     /// The value wrapped the way the renderer hands it out, built on first use.
@@ -86,11 +88,13 @@ pub enum StoreError {
 /// The objects of one alias. Cloning shares the objects themselves.
 #[derive(Debug, Default, Clone)]
 pub struct ResourceStore {
-    kind: String,
+    kind: Arc<str>,
     index_by: Vec<FieldPath>,
     objects: BTreeMap<ObjectKey, Arc<StoredObject>>,
-    // Holds the objects themselves so a lookup needs no second search.
-    index: HashMap<Vec<String>, BTreeMap<ObjectKey, Arc<StoredObject>>>,
+    // Holds the objects themselves so a lookup needs no second search, each group sorted by
+    // key. A vector, not a map: most groups hold one object (an index by namespace and name),
+    // and a B-tree's first node alone would cost each object about 450 bytes.
+    index: HashMap<Arc<[String]>, Vec<Arc<StoredObject>>>,
 }
 
 /// Metadata that changes without the object changing for templates. (`generation` is kept: it
@@ -120,8 +124,8 @@ pub fn strip_noise(object: &mut Json) {
 
 impl ResourceStore {
     /// An empty store for objects of `kind`, indexed by `index_by`.
-    pub fn new(kind: impl Into<String>, index_by: Vec<FieldPath>) -> Self {
-        Self { kind: kind.into(), index_by, objects: BTreeMap::new(), index: HashMap::new() }
+    pub fn new(kind: impl AsRef<str>, index_by: Vec<FieldPath>) -> Self {
+        Self { kind: compact::intern(kind.as_ref()), index_by, objects: BTreeMap::new(), index: HashMap::new() }
     }
 
     /// The kind of object held.
@@ -156,7 +160,7 @@ impl ResourceStore {
 
     /// The objects whose index key equals `key`, in (namespace, name) order.
     pub fn lookup(&self, key: &[String]) -> impl Iterator<Item = &Arc<StoredObject>> {
-        self.index.get(key).into_iter().flat_map(BTreeMap::values)
+        self.index.get(key).into_iter().flatten()
     }
 
     /// Adds or replaces an object; true when the store's content changed.
@@ -170,23 +174,26 @@ impl ResourceStore {
         Ok(true)
     }
 
-    fn prepare(&self, mut object: Json) -> Result<StoredObject, StoreError> {
+    /// The stored form of `object` for this store (noise stripped, compact, indexed), without
+    /// storing it: a re-list prepares each object as it arrives and replaces the scope at the end.
+    pub fn prepare(&self, mut object: Json) -> Result<StoredObject, StoreError> {
         strip_noise(&mut object);
         // Objects listed in a watch may not say their apiVersion: the kind decides too.
-        if GATEWAY_API_KINDS.contains(&self.kind.as_str())
+        if GATEWAY_API_KINDS.contains(&&*self.kind)
             && let Some(map) = object.as_object_mut()
         {
             map.remove("status");
         }
-        let key = object_key(&object).ok_or_else(|| StoreError::Nameless { kind: self.kind.clone() })?;
+        let key = object_key(&object).ok_or_else(|| StoreError::Nameless { kind: self.kind.to_string() })?;
         // serde_json keeps object keys sorted, so equal content serialises to equal bytes.
         let content = Checksum::of(&serde_json::to_vec(&object).unwrap_or_default());
-        let index_key = self.index_by.iter().map(|path| path.resolve_key(&object)).collect::<Option<Vec<_>>>();
+        let index_key =
+            self.index_by.iter().map(|path| path.resolve_key(&object)).collect::<Option<Vec<_>>>().map(Arc::from);
         Ok(StoredObject {
             reference: ObjectRef { kind: self.kind.clone(), key },
             content,
             index_key,
-            value: minijinja::Value::from(minijinja::value::Serde(&object)),
+            value: compact::Node::from_json(object).to_value(),
             template_value: OnceLock::new(),
         })
     }
@@ -194,7 +201,10 @@ impl ResourceStore {
     fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
         self.remove(&key);
         if let Some(index_key) = &stored.index_key {
-            self.index.entry(index_key.clone()).or_default().insert(key.clone(), stored.clone());
+            let group = self.index.entry(index_key.clone()).or_default();
+            // `remove` above took out any object of this key: the place is free.
+            let at = group.partition_point(|other| other.reference.key < key);
+            group.insert(at, stored.clone());
         }
         self.objects.insert(key, stored);
     }
@@ -216,12 +226,15 @@ impl ResourceStore {
         namespace: Option<&str>,
         objects: impl IntoIterator<Item = Json>,
     ) -> Result<bool, StoreError> {
-        let in_scope = |key: &ObjectKey| namespace.is_none_or(|ns| key.namespace == ns);
-        let mut fresh = BTreeMap::new();
-        for object in objects {
-            let stored = self.prepare(object)?;
-            fresh.insert(stored.reference.key.clone(), stored);
-        }
+        let prepared = objects.into_iter().map(|object| self.prepare(object)).collect::<Result<Vec<_>, _>>()?;
+        Ok(self.replace_scope_prepared(namespace, prepared))
+    }
+
+    /// [`ResourceStore::replace_scope`] with objects already [prepared](ResourceStore::prepare).
+    pub fn replace_scope_prepared(&mut self, namespace: Option<&str>, objects: Vec<StoredObject>) -> bool {
+        let in_scope = |key: &ObjectKey| namespace.is_none_or(|ns| &*key.namespace == ns);
+        let fresh: BTreeMap<ObjectKey, StoredObject> =
+            objects.into_iter().map(|stored| (stored.reference.key.clone(), stored)).collect();
         let old_count = self.objects.keys().filter(|key| in_scope(key)).count();
         let changed = fresh.len() != old_count
             || fresh.iter().any(|(key, object)| self.objects.get(key).is_none_or(|old| old.content != object.content));
@@ -234,16 +247,16 @@ impl ResourceStore {
                 self.insert(key, Arc::new(stored));
             }
         }
-        Ok(changed)
+        changed
     }
 
     fn remove(&mut self, key: &ObjectKey) -> Option<Arc<StoredObject>> {
         let removed = self.objects.remove(key)?;
         if let Some(index_key) = &removed.index_key
-            && let Some(keys) = self.index.get_mut(index_key)
+            && let Some(group) = self.index.get_mut(index_key)
         {
-            keys.remove(key);
-            if keys.is_empty() {
+            group.retain(|other| other.reference.key != *key);
+            if group.is_empty() {
                 self.index.remove(index_key);
             }
         }
@@ -254,8 +267,8 @@ impl ResourceStore {
 /// The namespace and name of a Kubernetes object.
 pub fn object_key(object: &Json) -> Option<ObjectKey> {
     let metadata = object.get("metadata")?;
-    let name = metadata.get("name")?.as_str()?.to_owned();
-    let namespace = metadata.get("namespace").and_then(Json::as_str).unwrap_or_default().to_owned();
+    let name = Arc::from(metadata.get("name")?.as_str()?);
+    let namespace = compact::intern(metadata.get("namespace").and_then(Json::as_str).unwrap_or_default());
     Some(ObjectKey { namespace, name })
 }
 

@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::{HAProxyTemplateConfigSpec, WatchedResource};
 use crate::render::PodInfo;
-use crate::store::{FieldPath, ObjectKey, ObjectRef, ResourceStore, Stores, object_key};
+use crate::store::{FieldPath, ObjectKey, ObjectRef, ResourceStore, StoreError, StoredObject, Stores, object_key};
 
 /// One change that may call for a render.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -428,22 +428,34 @@ impl AliasStream {
             None => Api::all_with(client, &self.resource),
         };
         let mut stream = watcher::watcher(api, config).backoff(reconnect_backoff()).boxed();
-        let mut relist: Vec<Json> = Vec::new();
+        // A re-list's objects, prepared as they arrive: at 10,000 objects, holding their JSON
+        // until the list ends would hold the whole list twice over.
+        let mut relist: Vec<StoredObject> = Vec::new();
+        let mut unusable: Option<StoreError> = None;
         let mut first_sync = true;
         while let Some(event) = stream.next().await {
             let change = match event {
                 Ok(Event::Init) => {
                     relist.clear();
+                    unusable = None;
                     None
                 }
                 Ok(Event::InitApply(object)) => {
-                    relist.push(self.normalize(object));
+                    match self.store.snapshot().prepare(self.normalize(object)) {
+                        Ok(stored) => relist.push(stored),
+                        Err(error) => unusable = Some(error),
+                    }
                     None
                 }
                 Ok(Event::InitDone) => {
                     let objects = std::mem::take(&mut relist);
                     let count = objects.len();
-                    let changed = self.store.update(|store| store.replace_scope(self.namespace.as_deref(), objects));
+                    let changed = match unusable.take() {
+                        Some(error) => Err(error),
+                        None => Ok(self
+                            .store
+                            .update(|store| store.replace_scope_prepared(self.namespace.as_deref(), objects))),
+                    };
                     if first_sync {
                         first_sync = false;
                         self.synced.add_one();
@@ -507,7 +519,7 @@ impl AliasStream {
     }
 
     fn reference(&self, object: &Json) -> Option<ObjectRef> {
-        object_key(object).map(|key| ObjectRef { kind: self.resource.kind.clone(), key })
+        object_key(object).map(|key| ObjectRef { kind: self.resource.kind.as_str().into(), key })
     }
 }
 
