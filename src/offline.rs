@@ -10,7 +10,7 @@ use thiserror::Error;
 use crate::config::{HAProxyTemplateConfig, HAProxyTemplateConfigSpec};
 use crate::render::PodInfo;
 use crate::store::selector::{FieldSelector, LabelSelector};
-use crate::store::{FieldPath, ResourceStore, Stores};
+use crate::store::{ResourceStore, Stores};
 
 /// Errors reading offline inputs; each names the file or the configuration field.
 #[derive(Debug, Error)]
@@ -133,11 +133,9 @@ fn fill_stores(
     let mut stores = Stores::new();
     for (alias, watched) in &spec.watched_resources {
         let error = |detail: String| OfflineError::Watched { alias: alias.clone(), detail };
-        let index_by =
-            watched.index_by.iter().map(|p| FieldPath::parse(p)).collect::<Result<Vec<_>, _>>().map_err(error)?;
         let labels = LabelSelector::parse(watched.label_selector.as_deref().unwrap_or_default()).map_err(error)?;
         let fields = FieldSelector::parse(watched.field_selector.as_deref().unwrap_or_default()).map_err(error)?;
-        let mut store = ResourceStore::new(watched.kind.clone(), index_by);
+        let mut store = ResourceStore::for_watched(watched).map_err(error)?;
         for (path, object) in objects {
             let same_type = object.get("apiVersion").and_then(Json::as_str) == Some(watched.api_version.as_str())
                 && object.get("kind").and_then(Json::as_str) == Some(watched.kind.as_str());

@@ -233,6 +233,10 @@ pub struct WatchedResource {
     #[serde(default = "default_index_by")]
     #[schemars(length(min = 1))]
     pub index_by: Vec<String>,
+    /// Field paths whose changes alone trigger no render, e.g. `["status"]` of the Ingresses
+    /// whose status haptic itself writes; templates still see their latest values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore_fields: Vec<String>,
 }
 
 fn default_index_by() -> Vec<String> {

@@ -44,6 +44,11 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
                 found.push(ConfigProblem { field: format!("watchedResources.{alias}.indexBy[{i}]"), message });
             }
         }
+        for (i, path) in watched.ignore_fields.iter().enumerate() {
+            if let Err(message) = FieldPath::parse(path) {
+                found.push(ConfigProblem { field: format!("watchedResources.{alias}.ignoreFields[{i}]"), message });
+            }
+        }
     }
     if spec.pod_selector.match_labels.is_empty() {
         found.push(ConfigProblem {

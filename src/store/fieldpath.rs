@@ -74,6 +74,42 @@ impl FieldPath {
         })
     }
 
+    /// Takes the value at this path out of `value` (for [`FieldPath::restore`] to put back).
+    pub fn take(&self, value: &mut Value) -> Option<Value> {
+        let (last, parents) = self.segments.split_last()?;
+        let parent = parents.iter().try_fold(value, |current, segment| match segment {
+            Segment::Key(key) => current.get_mut(key),
+            Segment::Index(index) => current.get_mut(index),
+        })?;
+        match last {
+            Segment::Key(key) => parent.as_object_mut()?.remove(key),
+            Segment::Index(index) => {
+                let item = parent.get_mut(index)?;
+                Some(std::mem::take(item))
+            }
+        }
+    }
+
+    /// Puts back what [`FieldPath::take`] took from `value`.
+    pub fn restore(&self, value: &mut Value, taken: Value) {
+        let Some((last, parents)) = self.segments.split_last() else { return };
+        let parent = parents.iter().try_fold(value, |current, segment| match segment {
+            Segment::Key(key) => current.get_mut(key),
+            Segment::Index(index) => current.get_mut(index),
+        });
+        match (parent, last) {
+            (Some(Value::Object(map)), Segment::Key(key)) => {
+                map.insert(key.clone(), taken);
+            }
+            (Some(parent), Segment::Index(index)) => {
+                if let Some(item) = parent.get_mut(index) {
+                    *item = taken;
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The value at this path as an index key: strings as they are, numbers and booleans as text.
     pub fn resolve_key(&self, value: &Value) -> Option<String> {
         match self.resolve(value)? {
@@ -101,6 +137,21 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn take_and_restore_leave_the_object_as_it_was() {
+        let original = json!({"metadata": {"name": "web", "labels": {"a/b": "c"}}, "spec": {"ports": [{"port": 80}, {"port": 81}]}});
+        for path in ["metadata.labels['a/b']", "spec.ports[1]", "spec", "metadata.missing", "spec.ports[7]"] {
+            let path = FieldPath::parse(path).unwrap();
+            let mut object = original.clone();
+            let taken = path.take(&mut object);
+            assert!(path.resolve(&object).is_none_or(Value::is_null), "{path} is gone");
+            if let Some(taken) = taken {
+                path.restore(&mut object, taken);
+            }
+            assert_eq!(object, original, "{path}");
+        }
+    }
 
     #[test]
     fn resolves_dotted_bracketed_and_indexed_paths() {

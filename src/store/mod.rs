@@ -90,6 +90,8 @@ pub enum StoreError {
 pub struct ResourceStore {
     kind: Arc<str>,
     index_by: Vec<FieldPath>,
+    // Paths left out of the content checksum: a change there alone is no change.
+    ignore_fields: Vec<FieldPath>,
     objects: BTreeMap<ObjectKey, Arc<StoredObject>>,
     // Holds the objects themselves so a lookup needs no second search, each group sorted by
     // key. A vector, not a map: most groups hold one object (an index by namespace and name),
@@ -125,7 +127,27 @@ pub fn strip_noise(object: &mut Json) {
 impl ResourceStore {
     /// An empty store for objects of `kind`, indexed by `index_by`.
     pub fn new(kind: impl AsRef<str>, index_by: Vec<FieldPath>) -> Self {
-        Self { kind: compact::intern(kind.as_ref()), index_by, objects: BTreeMap::new(), index: HashMap::new() }
+        Self {
+            kind: compact::intern(kind.as_ref()),
+            index_by,
+            ignore_fields: Vec::new(),
+            objects: BTreeMap::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// The empty store a watched resource's settings describe (`indexBy`, `ignoreFields`); the
+    /// error says which path does not parse.
+    pub fn for_watched(watched: &crate::config::WatchedResource) -> Result<Self, String> {
+        let parse = |paths: &[String]| paths.iter().map(|path| FieldPath::parse(path)).collect::<Result<Vec<_>, _>>();
+        Ok(Self::new(&watched.kind, parse(&watched.index_by)?).with_ignored_fields(parse(&watched.ignore_fields)?))
+    }
+
+    /// This store with `paths` whose changes alone are no change (`ignoreFields`): such an
+    /// object is still replaced, so templates and the status writer read its latest values.
+    pub fn with_ignored_fields(mut self, paths: Vec<FieldPath>) -> Self {
+        self.ignore_fields = paths;
+        self
     }
 
     /// The kind of object held.
@@ -168,6 +190,9 @@ impl ResourceStore {
         let stored = self.prepare(object)?;
         let key = stored.reference.key.clone();
         if self.objects.get(&key).is_some_and(|existing| existing.content == stored.content) {
+            if !self.ignore_fields.is_empty() {
+                self.insert(key, Arc::new(stored));
+            }
             return Ok(false);
         }
         self.insert(key, Arc::new(stored));
@@ -186,7 +211,13 @@ impl ResourceStore {
         }
         let key = object_key(&object).ok_or_else(|| StoreError::Nameless { kind: self.kind.to_string() })?;
         // serde_json keeps object keys sorted, so equal content serialises to equal bytes.
+        let ignored: Vec<Option<Json>> = self.ignore_fields.iter().map(|path| path.take(&mut object)).collect();
         let content = Checksum::of(&serde_json::to_vec(&object).unwrap_or_default());
+        for (path, taken) in self.ignore_fields.iter().zip(ignored).rev() {
+            if let Some(taken) = taken {
+                path.restore(&mut object, taken);
+            }
+        }
         let index_key =
             self.index_by.iter().map(|path| path.resolve_key(&object)).collect::<Option<Vec<_>>>().map(Arc::from);
         Ok(StoredObject {
@@ -304,6 +335,31 @@ mod tests {
         assert!(metadata.get_attr("annotations").unwrap().is_undefined());
         assert!(!store.apply(service("a", "web", 80, "2")).unwrap());
         assert!(store.apply(service("a", "web", 81, "3")).unwrap());
+    }
+
+    #[test]
+    fn a_change_only_in_an_ignored_field_is_no_change_but_is_kept() {
+        let ingress = |host: &str, address: &str| {
+            json!({"metadata": {"namespace": "a", "name": "web"}, "spec": {"rules": [{"host": host}]},
+                   "status": {"loadBalancer": {"ingress": [{"ip": address}]}}})
+        };
+        let ignored = vec![FieldPath::parse("status").unwrap()];
+        let mut store = ResourceStore::new("Ingress", vec![]).with_ignored_fields(ignored);
+        assert!(store.apply(ingress("web.example.com", "192.0.2.1")).unwrap());
+        assert!(!store.apply(ingress("web.example.com", "192.0.2.2")).unwrap(), "the status alone changed");
+        let stored = store.by_key(&ObjectKey { namespace: "a".into(), name: "web".into() }).unwrap();
+        let address = ["status", "loadBalancer", "ingress"]
+            .iter()
+            .try_fold(stored.value.clone(), |value, key| value.get_attr(key))
+            .and_then(|list| list.get_item(&0.into()))
+            .and_then(|first| first.get_attr("ip"));
+        assert_eq!(
+            address.map(|ip| ip.to_string()).ok().as_deref(),
+            Some("192.0.2.2"),
+            "templates read the latest status"
+        );
+        assert!(store.apply(ingress("shop.example.com", "192.0.2.2")).unwrap(), "the spec changed");
+        assert!(!store.replace_all([ingress("shop.example.com", "192.0.2.3")]).unwrap());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::{HAProxyTemplateConfigSpec, WatchedResource};
 use crate::render::PodInfo;
-use crate::store::{FieldPath, ObjectKey, ObjectRef, ResourceStore, StoreError, StoredObject, Stores, object_key};
+use crate::store::{ObjectKey, ObjectRef, ResourceStore, StoreError, StoredObject, Stores, object_key};
 
 /// One change that may call for a render.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,8 +72,8 @@ pub enum WatchError {
         /// Discovery's error.
         source: kube::Error,
     },
-    /// An `indexBy` path does not parse.
-    #[error("spec.watchedResources.{alias}.indexBy: {detail}")]
+    /// An `indexBy` or `ignoreFields` path does not parse.
+    #[error("spec.watchedResources.{alias}: {detail}")]
     IndexPath {
         /// The alias.
         alias: String,
@@ -171,13 +171,9 @@ impl Watches {
         };
         for (alias, watched) in &spec.watched_resources {
             let resource = discover(&client, alias, watched).await?;
-            let index_by = watched
-                .index_by
-                .iter()
-                .map(|path| FieldPath::parse(path))
-                .collect::<Result<Vec<_>, _>>()
+            let store = ResourceStore::for_watched(watched)
                 .map_err(|detail| WatchError::IndexPath { alias: alias.clone(), detail })?;
-            let store = Arc::new(SharedStore::new(ResourceStore::new(watched.kind.clone(), index_by)));
+            let store = Arc::new(SharedStore::new(store));
             watches.stores.insert(alias.clone(), store.clone());
             let namespaces: Vec<Option<String>> = match &watched.namespaces {
                 Some(namespaces) => namespaces.iter().cloned().map(Some).collect(),

@@ -19,8 +19,8 @@
 //! latencies (p50/p95/p99), reloads per pod, how far the slowest pod trails the median one, the
 //! controller's peak RSS and CPU time, the errors in its log and its journal's size.
 //!
-//! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T] [--max-delay D]`
-//! (defaults 1,000, 10, 60 and the configuration's own: under a steady stream of changes the
+//! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T] [--max-delay D]
+//! [--deployment-timeout D]` (defaults 1,000, 10, 60 and the configuration's own: under a steady stream of changes the
 //! debouncer's quiet window never passes, so renders come every `debounce.maxDelay`, 5 s). The environment is the one in `HAPTIC_ENV_DIR` (started if it
 //! is not running; `PODS=20 HAPTIC_ENV_NET=2 HAPTIC_ENV_DIR=target/test-env-20` for a fleet of
 //! 20 pods beside the usual one).
@@ -60,6 +60,8 @@ struct Settings {
     seconds: u64,
     /// `spec.dataplane.debounce.maxDelay`, when not the default (5 s).
     max_delay: Option<String>,
+    /// `spec.dataplane.deploymentTimeout`, when not the default (30 s).
+    deployment_timeout: Option<String>,
 }
 
 fn settings() -> Settings {
@@ -70,6 +72,7 @@ fn settings() -> Settings {
         rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(10.0),
         seconds: value("--seconds").and_then(|v| v.parse().ok()).unwrap_or(60),
         max_delay: value("--max-delay"),
+        deployment_timeout: value("--deployment-timeout"),
     }
 }
 
@@ -228,9 +231,13 @@ async fn main() -> Result<()> {
     let creation = created.elapsed();
 
     apply_library_config_for_pods(&client, &namespace, "bench").await?;
+    let configs: Api<haptic::config::HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
     if let Some(max_delay) = &settings.max_delay {
-        let configs: Api<haptic::config::HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
         let patch = json!({"spec": {"dataplane": {"debounce": {"maxDelay": max_delay}}}});
+        configs.patch("haptic", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    if let Some(timeout) = &settings.deployment_timeout {
+        let patch = json!({"spec": {"dataplane": {"deploymentTimeout": timeout}}});
         configs.patch("haptic", &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
     let journal = work.path().join("journal");
