@@ -74,34 +74,32 @@ impl FieldPath {
         })
     }
 
-    /// Takes the value at this path out of `value` (for [`FieldPath::restore`] to put back).
-    pub fn take(&self, value: &mut Value) -> Option<Value> {
+    /// The container holding this path's last step, and that step (`None` when a step before it
+    /// does not exist).
+    fn parent_mut<'v>(&self, value: &'v mut Value) -> Option<(&'v mut Value, &Segment)> {
         let (last, parents) = self.segments.split_last()?;
         let parent = parents.iter().try_fold(value, |current, segment| match segment {
             Segment::Key(key) => current.get_mut(key),
             Segment::Index(index) => current.get_mut(index),
         })?;
-        match last {
-            Segment::Key(key) => parent.as_object_mut()?.remove(key),
-            Segment::Index(index) => {
-                let item = parent.get_mut(index)?;
-                Some(std::mem::take(item))
-            }
+        Some((parent, last))
+    }
+
+    /// Takes the value at this path out of `value` (for [`FieldPath::restore`] to put back).
+    pub fn take(&self, value: &mut Value) -> Option<Value> {
+        match self.parent_mut(value)? {
+            (parent, Segment::Key(key)) => parent.as_object_mut()?.remove(key),
+            (parent, Segment::Index(index)) => parent.get_mut(index).map(std::mem::take),
         }
     }
 
     /// Puts back what [`FieldPath::take`] took from `value`.
     pub fn restore(&self, value: &mut Value, taken: Value) {
-        let Some((last, parents)) = self.segments.split_last() else { return };
-        let parent = parents.iter().try_fold(value, |current, segment| match segment {
-            Segment::Key(key) => current.get_mut(key),
-            Segment::Index(index) => current.get_mut(index),
-        });
-        match (parent, last) {
-            (Some(Value::Object(map)), Segment::Key(key)) => {
+        match self.parent_mut(value) {
+            Some((Value::Object(map), Segment::Key(key))) => {
                 map.insert(key.clone(), taken);
             }
-            (Some(parent), Segment::Index(index)) => {
+            Some((parent, Segment::Index(index))) => {
                 if let Some(item) = parent.get_mut(index) {
                     *item = taken;
                 }

@@ -74,7 +74,7 @@ pub enum WatchError {
     },
     /// An `indexBy` or `ignoreFields` path does not parse.
     #[error("spec.watchedResources.{alias}: {detail}")]
-    IndexPath {
+    FieldPath {
         /// The alias.
         alias: String,
         /// What is wrong.
@@ -172,7 +172,7 @@ impl Watches {
         for (alias, watched) in &spec.watched_resources {
             let resource = discover(&client, alias, watched).await?;
             let store = ResourceStore::for_watched(watched)
-                .map_err(|detail| WatchError::IndexPath { alias: alias.clone(), detail })?;
+                .map_err(|detail| WatchError::FieldPath { alias: alias.clone(), detail })?;
             let store = Arc::new(SharedStore::new(store));
             watches.stores.insert(alias.clone(), store.clone());
             let namespaces: Vec<Option<String>> = match &watched.namespaces {
