@@ -1,7 +1,7 @@
 //! Issue #15 (part): `status.loadBalancer` on the Ingresses the chart's configuration serves,
 //! written by the real controller on the real API server: served Ingresses get the configured
 //! address, an Ingress of another class gets none, one moved to another class loses it, and a
-//! refused one (a hostile path) gets none.
+//! refused one (a hostile path) gets none, and a status another writer changed is written back.
 
 mod env;
 
@@ -81,6 +81,12 @@ async fn served_ingresses_carry_the_load_balancer_address_and_others_do_not() ->
     tokio::time::sleep(Duration::from_secs(1)).await;
     ensure!(addresses(&ingresses, "other").await?.is_empty(), "an Ingress of another class got an address");
     ensure!(addresses(&ingresses, "hostile").await?.is_empty(), "a refused Ingress got an address");
+
+    // Another writer changes a served Ingress's status: only an ignored field changed (the
+    // chart's `ignoreFields: ["status"]`), no render follows, and the status writer puts it back.
+    let overwrite = json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.99"}]}}});
+    ingresses.patch_status("served", &PatchParams::default(), &Patch::Merge(&overwrite)).await?;
+    wait_for(&ingresses, "served", &[ADDRESS]).await.context("a status another writer changed is written back")?;
 
     // Moved to another class: the address goes.
     let patch = json!({"spec": {"ingressClassName": "nginx"}});

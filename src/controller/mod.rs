@@ -209,6 +209,10 @@ pub async fn run(
     let config_key = format!("{}/{}", options.namespace, options.name);
     let mut saved_slots = crate::plan::slots::Slots::default();
     let mut last_render: Option<(crate::files::FileSet, Option<TraceParent>)> = None;
+    // What the last render of a configuration version left out (unserved: their Ingress status
+    // is not ours to write), and whether an ignored-field change may have left a status wrong.
+    let mut left_out_of_last_render: Option<(i64, Vec<crate::store::ObjectRef>)> = None;
+    let mut ingress_status_dirty = false;
     let auth = options.api_auth.then(|| Arc::new(crate::api::auth::KubeAuthorizer::new(client.clone())));
     let api = crate::api::ApiState { journal: journal.clone(), auth, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
@@ -353,10 +357,21 @@ pub async fn run(
                     if let Some(writer) = gateway_writer.as_mut() {
                         writer.flush().await;
                     }
+                    // At most once a tick however many arrived: at 10,000 Ingresses the
+                    // controller's own status writes come back as as many changes.
+                    if let (true, Some(active), Some((generation, offenders))) =
+                        (ingress_status_dirty, &active, &left_out_of_last_render)
+                        && *generation == active.generation
+                    {
+                        ingress_status_dirty = true;
+                        ingress_status::write(&client, ingress_status_owed(active, offenders)).await;
+                    }
                 }
             }
             Some(change) = watch_rx.recv() => {
-                if let Some(coalescer) = &coalescer {
+                if matches!(change, Change::IgnoredFields(_)) {
+                    ingress_status_dirty = true;
+                } else if let Some(coalescer) = &coalescer {
                     coalescer.send(Trigger::Watch(change)).await;
                 }
             }
@@ -408,11 +423,12 @@ pub async fn run(
                 let span = reconcile_span(&triggers, active.generation);
                 let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
                 let files = match rendered {
-                    Ok((files, refused, ingresses)) => {
+                    Ok(Rendered { files, refused, ingresses, offenders }) => {
                         if writes_status(*leadership.borrow(), &journal) {
                             status.announce_refusals(refused).await;
                             ingress_status::write(&client, ingresses).await;
                         }
+                        left_out_of_last_render = Some((active.generation, offenders));
                         files
                     }
                     Err(message) => {
@@ -675,13 +691,39 @@ fn reconcile_span(triggers: &[Trigger], generation: i64) -> tracing::Span {
     span
 }
 
+/// What a render gives the loop besides its files.
+struct Rendered {
+    /// The files to deploy.
+    files: crate::files::FileSet,
+    /// Objects the render left out, for their Events.
+    refused: Vec<status::Refusal>,
+    /// Ingress statuses to write.
+    ingresses: Vec<ingress_status::IngressStatusChange>,
+    /// The objects the render left out, which are not served (their status says nothing).
+    offenders: Vec<crate::store::ObjectRef>,
+}
+
+/// Ingress statuses that differ from what the last render decided, from the stores as they are
+/// now: a change in ignored fields only (`ignoreFields`, a status another writer changed) asks
+/// for no render, so the status writer reads it here.
+fn ingress_status_owed(
+    active: &Active,
+    offenders: &[crate::store::ObjectRef],
+) -> Vec<ingress_status::IngressStatusChange> {
+    let Some(settings) = &active.spec.ingress_status else { return Vec::new() };
+    let stores = active.watches.snapshot();
+    let pod_ips: Vec<String> =
+        active.watches.pods().iter().map(|pod| pod.ip.clone()).filter(|ip| !ip.is_empty()).collect();
+    ingress_status::changes(&stores, settings, &pod_ips, offenders)
+}
+
 /// Renders the active configuration from the current stores, off the async threads.
 async fn render(
     active: &Active,
     triggers: Vec<Trigger>,
     sink: &RenderSink,
     max_left_out: usize,
-) -> Result<(crate::files::FileSet, Vec<status::Refusal>, Vec<ingress_status::IngressStatusChange>), String> {
+) -> Result<Rendered, String> {
     let renderer = active.renderer.clone();
     let stores = active.watches.snapshot();
     let stores_before = stores.clone();
@@ -731,14 +773,12 @@ async fn render(
             }
             sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
             let refused = left_out.iter().filter_map(|error| status::Refusal::of(&stores_before, error)).collect();
+            let offenders: Vec<_> = left_out.iter().filter_map(|e| e.offending_object().cloned()).collect();
             let ingresses = match &active.spec.ingress_status {
-                Some(settings) => {
-                    let offenders: Vec<_> = left_out.iter().filter_map(|e| e.offending_object().cloned()).collect();
-                    ingress_status::changes(&stores_before, settings, &pod_ips, &offenders)
-                }
+                Some(settings) => ingress_status::changes(&stores_before, settings, &pod_ips, &offenders),
                 None => Vec::new(),
             };
-            Ok((files, refused, ingresses))
+            Ok(Rendered { files, refused, ingresses, offenders })
         }
         Ok(Err(error)) => {
             error!(%error, "render failed; the last good files stay in force");

@@ -61,6 +61,8 @@ pub struct StoredObject {
     pub content: Checksum,
     /// Its index key, when every `indexBy` path resolved (shared with the store's index).
     pub index_key: Option<Arc<[String]>>,
+    /// Checksum of the values at the store's `ignoreFields` paths (none without such paths).
+    pub ignored: Option<Checksum>,
     /// Its content as a template value.
     pub value: minijinja::Value,
     /// The value wrapped the way the renderer hands it out, built on first use.
@@ -122,6 +124,18 @@ pub fn strip_noise(object: &mut Json) {
             metadata.remove("annotations");
         }
     }
+}
+
+/// What applying an object did to its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Its content changed (or it is new): templates may render differently.
+    Changed,
+    /// Only values at `ignoreFields` paths changed: no render is owed, but readers of those
+    /// values (the Ingress status writer) are.
+    IgnoredFieldsOnly,
+    /// Nothing changed.
+    Unchanged,
 }
 
 impl ResourceStore {
@@ -187,16 +201,23 @@ impl ResourceStore {
 
     /// Adds or replaces an object; true when the store's content changed.
     pub fn apply(&mut self, object: Json) -> Result<bool, StoreError> {
+        Ok(self.apply_noting(object)? == Applied::Changed)
+    }
+
+    /// Adds or replaces an object, saying whether its content changed, only its ignored fields
+    /// did, or nothing did.
+    pub fn apply_noting(&mut self, object: Json) -> Result<Applied, StoreError> {
         let stored = self.prepare(object)?;
         let key = stored.reference.key.clone();
-        if self.objects.get(&key).is_some_and(|existing| existing.content == stored.content) {
-            if !self.ignore_fields.is_empty() {
-                self.insert(key, Arc::new(stored));
-            }
-            return Ok(false);
+        let Some(existing) = self.objects.get(&key).filter(|existing| existing.content == stored.content) else {
+            self.insert(key, Arc::new(stored));
+            return Ok(Applied::Changed);
+        };
+        if existing.ignored == stored.ignored {
+            return Ok(Applied::Unchanged);
         }
         self.insert(key, Arc::new(stored));
-        Ok(true)
+        Ok(Applied::IgnoredFieldsOnly)
     }
 
     /// The stored form of `object` for this store (noise stripped, compact, indexed), without
@@ -213,6 +234,8 @@ impl ResourceStore {
         // serde_json keeps object keys sorted, so equal content serialises to equal bytes.
         let ignored: Vec<Option<Json>> = self.ignore_fields.iter().map(|path| path.take(&mut object)).collect();
         let content = Checksum::of(&serde_json::to_vec(&object).unwrap_or_default());
+        let ignored_checksum =
+            (!ignored.is_empty()).then(|| Checksum::of(&serde_json::to_vec(&ignored).unwrap_or_default()));
         for (path, taken) in self.ignore_fields.iter().zip(ignored).rev() {
             if let Some(taken) = taken {
                 path.restore(&mut object, taken);
@@ -224,6 +247,7 @@ impl ResourceStore {
             reference: ObjectRef { kind: self.kind.clone(), key },
             content,
             index_key,
+            ignored: ignored_checksum,
             value: compact::Node::from_json(object).to_value(),
             template_value: OnceLock::new(),
         })
@@ -346,7 +370,12 @@ mod tests {
         let ignored = vec![FieldPath::parse("status").unwrap()];
         let mut store = ResourceStore::new("Ingress", vec![]).with_ignored_fields(ignored);
         assert!(store.apply(ingress("web.example.com", "192.0.2.1")).unwrap());
-        assert!(!store.apply(ingress("web.example.com", "192.0.2.2")).unwrap(), "the status alone changed");
+        assert_eq!(store.apply_noting(ingress("web.example.com", "192.0.2.1")).unwrap(), Applied::Unchanged);
+        assert_eq!(
+            store.apply_noting(ingress("web.example.com", "192.0.2.2")).unwrap(),
+            Applied::IgnoredFieldsOnly,
+            "the status alone changed"
+        );
         let stored = store.by_key(&ObjectKey { namespace: "a".into(), name: "web".into() }).unwrap();
         let address = ["status", "loadBalancer", "ingress"]
             .iter()

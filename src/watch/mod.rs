@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::{HAProxyTemplateConfigSpec, WatchedResource};
 use crate::render::PodInfo;
-use crate::store::{ObjectKey, ObjectRef, ResourceStore, StoreError, StoredObject, Stores, object_key};
+use crate::store::{Applied, ObjectKey, ObjectRef, ResourceStore, StoreError, StoredObject, Stores, object_key};
 
 /// One change that may call for a render.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +44,9 @@ pub enum Change {
     },
     /// The set of ready HAProxy pods (or one's address) changed.
     Pods,
+    /// Only an object's `ignoreFields` values changed: no render, but the Ingress status
+    /// writer reads them (a status another writer changed is written back).
+    IgnoredFields(ObjectRef),
 }
 
 impl fmt::Display for Change {
@@ -53,6 +56,7 @@ impl fmt::Display for Change {
             Self::Deleted(object) => write!(f, "{object} deleted"),
             Self::Relisted { alias } => write!(f, "{alias} re-listed with changes"),
             Self::Pods => f.write_str("HAProxy pods changed"),
+            Self::IgnoredFields(object) => write!(f, "{object} changed in ignored fields only"),
         }
     }
 }
@@ -469,9 +473,10 @@ impl AliasStream {
                 Ok(Event::Apply(object)) => {
                     let object = self.normalize(object);
                     let reference = self.reference(&object);
-                    match self.store.update(|store| store.apply(object)) {
-                        Ok(true) => reference.map(Change::Applied),
-                        Ok(false) => None,
+                    match self.store.update(|store| store.apply_noting(object)) {
+                        Ok(Applied::Changed) => reference.map(Change::Applied),
+                        Ok(Applied::IgnoredFieldsOnly) => reference.map(Change::IgnoredFields),
+                        Ok(Applied::Unchanged) => None,
                         Err(error) => {
                             warn!(alias = %self.alias, %error, "ignored an object");
                             None
