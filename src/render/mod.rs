@@ -130,6 +130,14 @@ pub struct Renderer {
     gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
 }
 
+/// The render's shared state (server slots, collectors), which `name` needs: a template
+/// function called outside a render has none.
+fn shared_state(state: &minijinja::State, name: &str) -> Result<std::sync::Arc<context::Shared>, minijinja::Error> {
+    state.lookup("shared").and_then(|shared| shared.downcast_object::<context::Shared>()).ok_or_else(|| {
+        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("{name} needs the render's shared state"))
+    })
+}
+
 /// Prints one value into a file. Strings are printed only when an HAProxy-safe filter gave
 /// them (a "safe" string in minijinja's terms) or they come from the configuration's own
 /// `extraContext`: a value read from the cluster (or computed from one) that reaches a file
@@ -162,6 +170,11 @@ fn format_value(out: &mut minijinja::Output, value: &Value) -> Result<(), miniji
             out.write_str(text).map_err(minijinja::Error::from)
         }
         ValueKind::Number | ValueKind::Bool | ValueKind::None => write!(out, "{value}").map_err(minijinja::Error::from),
+        // Whole lines haptic's own functions wrote, each from vetted parts (`server_lines`).
+        ValueKind::Plain if value.downcast_object_ref::<library::VettedLines>().is_some() => {
+            let lines = value.downcast_object_ref::<library::VettedLines>().map(|l| l.0.as_str()).unwrap_or_default();
+            out.write_str(lines).map_err(minijinja::Error::from)
+        }
         other => Err(refused(format!("refusing to print a whole {other}: print its fields, through filters"))),
     }
 }
@@ -236,20 +249,21 @@ impl Renderer {
              endpoints: Value,
              block: Option<usize>,
              weighted: Option<bool>| {
-                let shared = state.lookup("shared").ok_or_else(|| {
-                    minijinja::Error::new(
-                        minijinja::ErrorKind::InvalidOperation,
-                        "server_slots needs the render's shared state",
-                    )
-                })?;
-                let shared = shared.downcast_object_ref::<context::Shared>().ok_or_else(|| {
-                    minijinja::Error::new(
-                        minijinja::ErrorKind::InvalidOperation,
-                        "server_slots needs the render's shared state",
-                    )
-                })?;
+                let shared = shared_state(state, "server_slots")?;
                 let block = block.unwrap_or(library::DEFAULT_SLOT_BLOCK);
-                library::server_slots(shared, backend, &endpoints, block, weighted.unwrap_or(false))
+                library::server_slots(&shared, backend, &endpoints, block, weighted.unwrap_or(false))
+            },
+        );
+        env.add_function(
+            "server_lines",
+            |state: &minijinja::State,
+             backend: &str,
+             endpoints: Value,
+             options: Option<Value>,
+             block: Option<usize>| {
+                let shared = shared_state(state, "server_lines")?;
+                let block = block.unwrap_or(library::DEFAULT_SLOT_BLOCK);
+                library::server_lines(&shared, backend, &endpoints, &options.unwrap_or_default(), block)
             },
         );
         env.add_function("weigh", |groups: Value| library::weigh(&groups));
