@@ -26,6 +26,17 @@ impl SlotTable {
         format!("srv{}", index + 1)
     }
 
+    /// Whether the slots hold `endpoints` and nothing else, so [`assign`] would change nothing
+    /// (the common case of a render: a backend whose endpoints did not move).
+    pub fn holds_exactly(&self, endpoints: &[EndpointKey]) -> bool {
+        let occupied = self.slots.iter().filter(|slot| slot.is_some()).count();
+        occupied == endpoints.len()
+            && endpoints.iter().enumerate().all(|(at, endpoint)| {
+                // A repeated endpoint holds one slot: the counts could not match.
+                !endpoints[..at].contains(endpoint) && self.slot_of(endpoint).is_some()
+            })
+    }
+
     /// The slot of an endpoint.
     pub fn slot_of(&self, endpoint: &EndpointKey) -> Option<usize> {
         self.slots.iter().position(|slot| slot.as_ref() == Some(endpoint))
@@ -116,6 +127,10 @@ mod tests {
             let mut table = SlotTable::default();
             for step in steps {
                 let next = assign(&table, &step, block);
+                if table.holds_exactly(&step) {
+                    prop_assert_eq!(&next, &table, "holds_exactly, yet assign moved something");
+                }
+                prop_assert!(next.holds_exactly(&step), "assign's answer holds exactly the endpoints");
                 let mut reversed = step.clone();
                 reversed.reverse();
                 prop_assert_eq!(&assign(&table, &reversed, block), &next, "endpoint order matters");

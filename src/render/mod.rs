@@ -404,7 +404,7 @@ impl Renderer {
         // Slots are worked on in a copy and kept only if the whole render succeeds, so a render
         // that fails (or an attempt that leaves an object out) moves no server.
         let slots = self.slots.lock().map(|slots| slots.clone()).unwrap_or_default();
-        let shared = Value::from_object(context::Shared::with_slots(slots));
+        let shared = Value::from_object(context::Shared::starting_from(slots));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
         let gateway = self.gateway.as_ref().map(|settings| {

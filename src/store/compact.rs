@@ -80,11 +80,48 @@ struct MapView(Arc<[(Arc<str>, Node)]>);
 
 impl MapView {
     fn get(&self, key: &str) -> Option<&Node> {
-        self.0.binary_search_by(|(k, _)| (**k).cmp(key)).ok().map(|at| &self.0[at].1)
+        member(&self.0, key)
     }
 }
 
+/// The member `key` of a map's members.
+pub fn member<'a>(members: &'a [(Arc<str>, Node)], key: &str) -> Option<&'a Node> {
+    members.binary_search_by(|(k, _)| (**k).cmp(key)).ok().map(|at| &members[at].1)
+}
+
+/// The members of the stored map `value` is (as [`Node::to_value`] made it), for Rust code that
+/// reads a stored object without making a template value of each part.
+pub fn map_members(value: &Value) -> Option<&[(Arc<str>, Node)]> {
+    value.downcast_object_ref::<MapView>().map(|view| &*view.0)
+}
+
 impl Node {
+    /// The member `key`, when this is a map that has it and it is not null (as a template's
+    /// attribute test sees it).
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        match self {
+            Self::Map(members) => member(members, key).filter(|node| !matches!(node, Self::Null)),
+            _ => None,
+        }
+    }
+
+    /// The items, when this is a list; none otherwise.
+    pub fn items(&self) -> &[Node] {
+        match self {
+            Self::List(items) => items,
+            _ => &[],
+        }
+    }
+
+    /// The text, when this is a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::Short(s) => Some(s.as_str()),
+            Self::Long(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// The compact form of `json`, its keys interned.
     pub fn from_json(json: Json) -> Self {
         match json {
