@@ -1,10 +1,14 @@
 //! `status.loadBalancer` of the Ingresses a configuration serves: what each should say, as a
 //! plain function of the render's stores ([`changes`]), and the writer that sends only the
-//! differences. An Ingress of another class, or one the render left out, loses the addresses
+//! differences, in a task of its own ([`StatusWriter`]). An Ingress of another class, or one the render left out, loses the addresses
 //! this controller wrote (and keeps any another controller wrote).
 
+use std::collections::{BTreeMap, HashSet};
+
+use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value as Json, json};
+use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::config::IngressStatusSettings;
@@ -43,6 +47,19 @@ pub fn changes(
     pod_ips: &[String],
     left_out: &[ObjectRef],
 ) -> Vec<IngressStatusChange> {
+    changes_among(stores, settings, pod_ips, left_out, None)
+}
+
+/// [`changes`], looking only at the Ingresses `only` names (all of them without it): the
+/// status tick rechecks the Ingresses whose ignored fields changed, not all 10,000 each time
+/// (the echoes of its own writes arrive as such changes).
+pub fn changes_among(
+    stores: &Stores,
+    settings: &IngressStatusSettings,
+    pod_ips: &[String],
+    left_out: &[ObjectRef],
+    only: Option<&HashSet<ObjectRef>>,
+) -> Vec<IngressStatusChange> {
     let addresses = if !settings.addresses.is_empty() {
         settings.addresses.clone()
     } else {
@@ -54,6 +71,9 @@ pub fn changes(
     let mut out = Vec::new();
     for store in stores.values().filter(|store| store.kind() == "Ingress") {
         for object in store.iter() {
+            if only.is_some_and(|only| !only.contains(&object.reference)) {
+                continue;
+            }
             // Read from the stored template value: no copy of each Ingress on every render.
             let at = |path: &[&str]| at(object, path);
             let class = at(&["spec", "ingressClassName"])
@@ -88,19 +108,60 @@ pub fn changes(
     out
 }
 
-/// Sends each change as a merge patch of the Ingress's status; a failure is logged and the
-/// next render (which still sees the difference) tries again.
-pub async fn write(client: &kube::Client, changes: Vec<IngressStatusChange>) {
-    for change in changes {
-        let api: Api<k8s_openapi::api::networking::v1::Ingress> = Api::namespaced(client.clone(), &change.namespace);
-        let list = if change.ingress.is_empty() { Json::Null } else { Json::Array(change.ingress) };
-        let patch = json!({"status": {"loadBalancer": {"ingress": list}}});
-        // The replica's own field manager: an Ingress's managedFields say which replica wrote it.
-        let params =
-            PatchParams { field_manager: Some(crate::dataplane::status_field_manager()), ..PatchParams::default() };
-        if let Err(error) = api.patch_status(&change.name, &params, &Patch::Merge(&patch)).await {
-            warn!(namespace = %change.namespace, name = %change.name, %error, "could not write the Ingress status");
+/// How many status writes are in flight at once.
+const WRITES_IN_FLIGHT: usize = 8;
+
+/// Writes Ingress statuses beside the controller's loop: at 10,000 Ingresses one batch is
+/// 10,000 PATCHes, which in the loop held every render back for over a minute. Batches queue;
+/// the latest change of an Ingress supersedes one not yet written.
+#[derive(Clone)]
+pub struct StatusWriter {
+    batches: mpsc::UnboundedSender<Vec<IngressStatusChange>>,
+}
+
+impl StatusWriter {
+    /// Starts the writing task.
+    pub fn start(client: kube::Client) -> Self {
+        let (batches, mut queue) = mpsc::unbounded_channel::<Vec<IngressStatusChange>>();
+        tokio::spawn(async move {
+            while let Some(first) = queue.recv().await {
+                let mut pending: BTreeMap<(String, String), IngressStatusChange> = BTreeMap::new();
+                let mut take = |batch: Vec<IngressStatusChange>| {
+                    for change in batch {
+                        pending.insert((change.namespace.clone(), change.name.clone()), change);
+                    }
+                };
+                take(first);
+                while let Ok(batch) = queue.try_recv() {
+                    take(batch);
+                }
+                futures::stream::iter(pending.into_values())
+                    .for_each_concurrent(WRITES_IN_FLIGHT, |change| write_one(&client, change))
+                    .await;
+            }
+        });
+        Self { batches }
+    }
+
+    /// Queues a batch of changes (nothing to do for an empty one).
+    pub fn offer(&self, changes: Vec<IngressStatusChange>) {
+        if !changes.is_empty() && self.batches.send(changes).is_err() {
+            warn!("the Ingress status writer has stopped; statuses are not written");
         }
+    }
+}
+
+/// Sends one change as a merge patch of the Ingress's status; a failure is logged and the next
+/// render (which still sees the difference) tries again.
+async fn write_one(client: &kube::Client, change: IngressStatusChange) {
+    let api: Api<k8s_openapi::api::networking::v1::Ingress> = Api::namespaced(client.clone(), &change.namespace);
+    let list = if change.ingress.is_empty() { Json::Null } else { Json::Array(change.ingress) };
+    let patch = json!({"status": {"loadBalancer": {"ingress": list}}});
+    // The replica's own field manager: an Ingress's managedFields say which replica wrote it.
+    let params =
+        PatchParams { field_manager: Some(crate::dataplane::status_field_manager()), ..PatchParams::default() };
+    if let Err(error) = api.patch_status(&change.name, &params, &Patch::Merge(&patch)).await {
+        warn!(namespace = %change.namespace, name = %change.name, %error, "could not write the Ingress status");
     }
 }
 
@@ -189,6 +250,15 @@ mod tests {
         let changes = changes(&stores, &settings, &[], &[refused]);
         let names: Vec<(&str, usize)> = changes.iter().map(|c| (c.name.as_str(), c.ingress.len())).collect();
         assert_eq!(names, vec![("moved", 0), ("new", 2), ("refused", 0)]);
+        // The status tick looks only at the Ingresses whose ignored fields changed.
+        let reference = |name: &str| ObjectRef {
+            kind: "Ingress".into(),
+            key: ObjectKey { namespace: "ns".into(), name: name.into() },
+        };
+        let only: HashSet<ObjectRef> = [reference("new"), reference("done")].into();
+        let rechecked = changes_among(&stores, &settings, &[], &[reference("refused")], Some(&only));
+        let names: Vec<&str> = rechecked.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["new"]);
     }
 
     #[test]

@@ -210,9 +210,11 @@ pub async fn run(
     let mut saved_slots = crate::plan::slots::Slots::default();
     let mut last_render: Option<(crate::files::FileSet, Option<TraceParent>)> = None;
     // What the last render of a configuration version left out (unserved: their Ingress status
-    // is not ours to write), and whether an ignored-field change may have left a status wrong.
+    // is not ours to write), and the Ingresses whose ignored fields changed since the last
+    // status tick (their status may be wrong: another writer's, or the echo of ours).
     let mut left_out_of_last_render: Option<(i64, Vec<crate::store::ObjectRef>)> = None;
-    let mut ingress_status_dirty = false;
+    let mut ingress_status_dirty: std::collections::HashSet<crate::store::ObjectRef> = Default::default();
+    let ingress_writer = ingress_status::StatusWriter::start(client.clone());
     let auth = options.api_auth.then(|| Arc::new(crate::api::auth::KubeAuthorizer::new(client.clone())));
     let api = crate::api::ApiState { journal: journal.clone(), auth, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
@@ -359,18 +361,18 @@ pub async fn run(
                     }
                     // At most once a tick however many arrived: at 10,000 Ingresses the
                     // controller's own status writes come back as as many changes.
-                    if let (true, Some(active), Some((generation, offenders))) =
-                        (ingress_status_dirty, &active, &left_out_of_last_render)
+                    if let (false, Some(active), Some((generation, offenders))) =
+                        (ingress_status_dirty.is_empty(), &active, &left_out_of_last_render)
                         && *generation == active.generation
                     {
-                        ingress_status_dirty = true;
-                        ingress_status::write(&client, ingress_status_owed(active, offenders)).await;
+                        let changed = std::mem::take(&mut ingress_status_dirty);
+                        ingress_writer.offer(ingress_status_owed(active, offenders, &changed));
                     }
                 }
             }
             Some(change) = watch_rx.recv() => {
-                if matches!(change, Change::IgnoredFields(_)) {
-                    ingress_status_dirty = true;
+                if let Change::IgnoredFields(object) = change {
+                    ingress_status_dirty.insert(object);
                 } else if let Some(coalescer) = &coalescer {
                     coalescer.send(Trigger::Watch(change)).await;
                 }
@@ -426,7 +428,7 @@ pub async fn run(
                     Ok(Rendered { files, refused, ingresses, offenders }) => {
                         if writes_status(*leadership.borrow(), &journal) {
                             status.announce_refusals(refused).await;
-                            ingress_status::write(&client, ingresses).await;
+                            ingress_writer.offer(ingresses);
                         }
                         left_out_of_last_render = Some((active.generation, offenders));
                         files
@@ -709,12 +711,13 @@ struct Rendered {
 fn ingress_status_owed(
     active: &Active,
     offenders: &[crate::store::ObjectRef],
+    changed: &std::collections::HashSet<crate::store::ObjectRef>,
 ) -> Vec<ingress_status::IngressStatusChange> {
     let Some(settings) = &active.spec.ingress_status else { return Vec::new() };
     let stores = active.watches.snapshot();
     let pod_ips: Vec<String> =
         active.watches.pods().iter().map(|pod| pod.ip.clone()).filter(|ip| !ip.is_empty()).collect();
-    ingress_status::changes(&stores, settings, &pod_ips, offenders)
+    ingress_status::changes_among(&stores, settings, &pod_ips, offenders, Some(changed))
 }
 
 /// Renders the active configuration from the current stores, off the async threads.

@@ -315,7 +315,7 @@ fn template_value(object: &StoredObject) -> Value {
 /// done for one file (a route table, say) is not redone for the next.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    collectors: std::sync::Mutex<std::collections::BTreeMap<String, Value>>,
+    collectors: std::sync::Mutex<std::collections::HashMap<String, Value>>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// General files registered by functions (`ca_file(...)`), by file name.
@@ -392,9 +392,16 @@ impl Object for Shared {
     fn call_method(self: &Arc<Self>, _: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
         match (method, args) {
             ("collector", [name]) => {
-                let name = name.as_str().unwrap_or_default().to_owned();
+                // Templates ask for tens of thousands of names (a claim per backend and map key):
+                // hashed, and a name's copy made only when it is new.
+                let name = name.as_str().unwrap_or_default();
                 let mut collectors = self.collectors.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
-                Ok(collectors.entry(name).or_insert_with(|| Value::from_object(Collector::default())).clone())
+                if let Some(collector) = collectors.get(name) {
+                    return Ok(collector.clone());
+                }
+                let collector = Value::from_object(Collector::default());
+                collectors.insert(name.to_owned(), collector.clone());
+                Ok(collector)
             }
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,

@@ -61,8 +61,10 @@ pub struct StoredObject {
     pub content: Checksum,
     /// Its index key, when every `indexBy` path resolved (shared with the store's index).
     pub index_key: Option<Arc<[String]>>,
-    /// Checksum of the values at the store's `ignoreFields` paths (none without such paths).
-    pub ignored: Option<Checksum>,
+    /// A fingerprint of the values at the store's `ignoreFields` paths (none without such
+    /// paths): only ever compared with the same object's previous one, in this process. (Eight
+    /// bytes: every stored object carries the field.)
+    pub ignored: Option<std::num::NonZeroU64>,
     /// Its content as a template value.
     pub value: minijinja::Value,
     /// The value wrapped the way the renderer hands it out, built on first use.
@@ -234,8 +236,12 @@ impl ResourceStore {
         // serde_json keeps object keys sorted, so equal content serialises to equal bytes.
         let ignored: Vec<Option<Json>> = self.ignore_fields.iter().map(|path| path.take(&mut object)).collect();
         let content = Checksum::of(&serde_json::to_vec(&object).unwrap_or_default());
-        let ignored_checksum =
-            (!ignored.is_empty()).then(|| Checksum::of(&serde_json::to_vec(&ignored).unwrap_or_default()));
+        let ignored_checksum = (!ignored.is_empty()).then(|| {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            serde_json::to_vec(&ignored).unwrap_or_default().hash(&mut hasher);
+            std::num::NonZeroU64::new(hasher.finish()).unwrap_or(std::num::NonZeroU64::MIN)
+        });
         for (path, taken) in self.ignore_fields.iter().zip(ignored).rev() {
             if let Some(taken) = taken {
                 path.restore(&mut object, taken);
