@@ -247,7 +247,8 @@ pub fn render(args: RenderArgs) -> Result<()> {
                 if let Some(parent) = path.parent() {
                     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
                 }
-                std::fs::write(&path, &file.content).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, file.content.as_bytes())
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
         }
         None => {

@@ -372,10 +372,9 @@ async fn the_default_library_routes_as_the_ingress_spec_says_through_real_haprox
     let second = format!("{address}:{}", BACKEND_BASE_PORT + 6);
     controller.wait_for_config("the scaled Service", Duration::from_secs(30), |cfg| cfg.contains(&second)).await?;
     let after = controller.file("haproxy.cfg");
-    let parse = haptic::plan::config::parse;
     // As HAProxy 2.6 needs it: the slots' scale steps move only servers out of traffic.
     let strictest = haptic::plan::AddressChanges::OnlyOutOfTraffic;
-    let verdict = match haptic::plan::runtime_difference(&parse(&before), &parse(&after), strictest) {
+    let verdict = match haptic::plan::runtime_difference(&before, &after, strictest) {
         Some(actions) => format!("runtime: {} server changes", actions.len()),
         None => "reload".into(),
     };

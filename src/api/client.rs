@@ -139,7 +139,7 @@ impl ApiClient {
                     url: "/api/v1/config".into(),
                     detail: format!("{} has no checksum", file.name),
                 })?;
-                RenderedFile { content: String::new(), checksum, sensitive: true }
+                RenderedFile { content: "".into(), checksum, sensitive: true }
             } else {
                 let text = self
                     .get(&format!("/api/v1/config/files/{}", file.name))

@@ -523,10 +523,10 @@ mod tests {
         }
         let state = ApiState { journal: Some(Arc::new(journal)), ..ApiState::default() };
         let files = FileSet {
-            haproxy_cfg: RenderedFile::new("global\n".into()),
-            maps: BTreeMap::from([("host.map".into(), RenderedFile::new("a b\n".into()))]),
+            haproxy_cfg: RenderedFile::new("global\n"),
+            maps: BTreeMap::from([("host.map".into(), RenderedFile::new("a b\n"))]),
             files: BTreeMap::new(),
-            certs: BTreeMap::from([("web_shop.pem".into(), RenderedFile::sensitive("PRIVATE KEY x\n".into()))]),
+            certs: BTreeMap::from([("web_shop.pem".into(), RenderedFile::sensitive("PRIVATE KEY x\n"))]),
         };
         state.set_render(4, Arc::new(files));
         (state, dir)

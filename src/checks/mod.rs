@@ -97,7 +97,7 @@ pub fn check_file_assertion(assertion: &Assertion, files: &FileSet) -> Option<Re
         files
             .entries()
             .find(|(path, _)| path == name)
-            .map(|(_, file)| file.content.as_str())
+            .map(|(_, file)| file.content.as_ref())
             .ok_or_else(|| format!("the render has no file {name}"))
     };
     let name = assertion.file.as_deref().unwrap_or("haproxy.cfg");
@@ -307,10 +307,10 @@ mod tests {
 
     fn files() -> FileSet {
         FileSet {
-            haproxy_cfg: RenderedFile::new("global\nbackend be_web\n    server s1 10.0.0.1:80\n".into()),
+            haproxy_cfg: RenderedFile::new("global\nbackend be_web\n    server s1 10.0.0.1:80\n"),
             maps: BTreeMap::from([(
                 "host.map".into(),
-                RenderedFile::new("example.com be_web\n#c\nother.example be_x\n".into()),
+                RenderedFile::new("example.com be_web\n#c\nother.example be_x\n"),
             )]),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),

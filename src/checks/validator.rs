@@ -194,7 +194,7 @@ fn stored_files(files: &FileSet) -> Vec<(StorageKind, &str, &str, Checksum)> {
     kinds
         .into_iter()
         .flat_map(|(kind, set)| {
-            set.iter().map(move |(name, file)| (kind, name.as_str(), file.content.as_str(), file.checksum))
+            set.iter().map(move |(name, file)| (kind, name.as_str(), file.content.as_ref(), file.checksum))
         })
         .collect()
 }
@@ -241,8 +241,8 @@ mod tests {
         let validator =
             ValidatorApi::new("http://127.0.0.1:9/v3", Credentials::new("admin", "secret")).expect("a valid endpoint");
         let files = FileSet {
-            haproxy_cfg: crate::files::RenderedFile::new("global\n".into()),
-            maps: [("hosts.map".to_owned(), crate::files::RenderedFile::new("a.example web\n".into()))].into(),
+            haproxy_cfg: crate::files::RenderedFile::new("global\n"),
+            maps: [("hosts.map".to_owned(), crate::files::RenderedFile::new("a.example web\n"))].into(),
             files: Default::default(),
             certs: Default::default(),
         };

@@ -191,9 +191,9 @@ pub fn recognise(stored: &StoredConfig, known: Option<&StoredCopy>, in_doubt: bo
 }
 
 fn desired_storage(desired: &Desired) -> Vec<(StorageKind, &str, &str)> {
-    let maps = desired.files.maps.iter().map(|(name, file)| (StorageKind::Maps, name.as_str(), file.content.as_str()));
+    let maps = desired.files.maps.iter().map(|(name, file)| (StorageKind::Maps, name.as_str(), file.content.as_ref()));
     let general =
-        desired.files.files.iter().map(|(name, file)| (StorageKind::General, name.as_str(), file.content.as_str()));
+        desired.files.files.iter().map(|(name, file)| (StorageKind::General, name.as_str(), file.content.as_ref()));
     maps.chain(general).collect()
 }
 
@@ -882,12 +882,12 @@ mod request_shapes {
             endpoint: format!("{}/v3", server.uri()),
         };
         let desired = Desired::new(FileSet {
-            haproxy_cfg: RenderedFile::new("global\n".into()),
-            maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new("example.com be_app\n".into()))]),
+            haproxy_cfg: RenderedFile::new("global\n"),
+            maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new("example.com be_app\n"))]),
             files: BTreeMap::new(),
             certs: BTreeMap::from([(
                 "web_shop_5f1c0d9e2a7b.pem".to_owned(),
-                RenderedFile::sensitive("-----BEGIN CERTIFICATE-----\n".into()),
+                RenderedFile::sensitive("-----BEGIN CERTIFICATE-----\n"),
             )]),
         });
         assert_eq!(actions.validate(&pod, &desired).await.unwrap(), Validation::Passed);
@@ -972,7 +972,7 @@ mod request_shapes {
             actions.haproxy_versions.lock().unwrap().insert(pod.uid.clone(), version.to_owned());
         }
         let desired = Desired::new(FileSet {
-            haproxy_cfg: RenderedFile::new("global\n".into()),
+            haproxy_cfg: RenderedFile::new("global\n"),
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),
@@ -988,7 +988,7 @@ mod request_shapes {
         assert_eq!(asked, [1, 0, 1], "the second 2.8 pod is not asked again; the 2.6 pod is");
         // Another render is asked again.
         let other = Desired::new(FileSet {
-            haproxy_cfg: RenderedFile::new("global\n  maxconn 9\n".into()),
+            haproxy_cfg: RenderedFile::new("global\n  maxconn 9\n"),
             ..(*desired.files).clone()
         });
         assert_eq!(actions.validate(&pods[1], &other).await.unwrap(), Validation::Passed);
@@ -1034,7 +1034,7 @@ mod request_shapes {
             endpoint: format!("{}/v3", server.uri()),
         };
         let desired = Desired::new(FileSet {
-            haproxy_cfg: RenderedFile::new("backend be_web\n".into()),
+            haproxy_cfg: RenderedFile::new("backend be_web\n"),
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),

@@ -1082,8 +1082,8 @@ mod tests {
     async fn a_route_change_is_a_runtime_patch_of_map_entries_that_leaves_the_configuration_alone() {
         let routes = |map: &str| {
             Arc::new(Desired::new(FileSet {
-                haproxy_cfg: RenderedFile::new("backend be_a\nbackend be_b\n".into()),
-                maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new(map.into()))]),
+                haproxy_cfg: RenderedFile::new("backend be_a\nbackend be_b\n"),
+                maps: BTreeMap::from([("host.map".to_owned(), RenderedFile::new(map))]),
                 files: BTreeMap::new(),
                 certs: BTreeMap::new(),
             }))

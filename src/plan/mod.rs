@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::files::{FileSet, RenderedFile};
-use config::{ParsedConfig, Section, Server, parse};
+use config::{Section, Server, parse};
 
 /// One change the HAProxy Runtime API can make without a reload.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -303,10 +303,10 @@ fn runtime_plan(
 ) -> Result<Vec<RuntimeAction>, ReloadReason> {
     let mut actions = Vec::new();
     if pushed.haproxy_cfg.checksum != desired.haproxy_cfg.checksum {
-        let (before, after) = (parse(&pushed.haproxy_cfg.content), parse(&desired.haproxy_cfg.content));
-        match runtime_difference(&before, &after, address_changes) {
+        let (before, after) = (&pushed.haproxy_cfg.content, &desired.haproxy_cfg.content);
+        match runtime_difference(before, after, address_changes) {
             Some(servers) => actions.extend(servers),
-            None if runtime_difference(&before, &after, AddressChanges::Followed).is_some() => {
+            None if runtime_difference(before, after, AddressChanges::Followed).is_some() => {
                 return Err(ReloadReason::ServerAddress);
             }
             None => return Err(ReloadReason::Configuration),
@@ -348,45 +348,65 @@ fn runtime_plan(
 /// The server actions that turn `old` into `new`, or `None` when a reload is needed. Sections
 /// are matched by their header; `new` may lack backend sections `old` has (they stay, unused,
 /// in the running HAProxy) but must otherwise have the same sections in the same order, since
-/// the order of sections is meaningful (a `defaults` section applies to those after it).
-pub fn runtime_difference(
-    old: &ParsedConfig,
-    new: &ParsedConfig,
+/// the order of sections is meaningful (a `defaults` section applies to those after it). Only
+/// sections whose text differs are parsed.
+pub fn runtime_difference(old: &str, new: &str, address_changes: AddressChanges) -> Option<Vec<RuntimeAction>> {
+    runtime_difference_of(old, new, address_changes, Parse::WhereChanged)
+}
+
+/// Which sections [`runtime_difference_of`] parses: the planner's choice, and every one (what
+/// the property test holds it to).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Parse {
+    WhereChanged,
+    #[cfg(test)]
+    Everything,
+}
+
+fn runtime_difference_of(
+    old: &str,
+    new: &str,
     address_changes: AddressChanges,
+    parse_where: Parse,
 ) -> Option<Vec<RuntimeAction>> {
-    if old.preamble != new.preamble {
+    let (old, new) = (config::split_sections(old), config::split_sections(new));
+    if old.preamble != new.preamble && parse(old.preamble).preamble != parse(new.preamble).preamble {
         return None;
     }
     // Dynamic servers (`add server`) do not take `default-server` settings: with any, servers
     // are only ever changed in place.
-    let dynamic = !new
-        .sections
-        .iter()
-        .any(|s| s.directives.iter().any(|d| d.first().map(String::as_str) == Some("default-server")));
+    let dynamic =
+        !new.sections.iter().any(|s| s.text.lines().skip(1).any(|l| config::first_word(l) == "default-server"));
     let mut actions = Vec::new();
     let mut old_sections = old.sections.iter();
     // The load-balancing algorithm the last `defaults` section sets for the sections after it.
     let mut inherited_balance: Option<bool> = None;
-    for after in &new.sections {
-        let own_balance = balance_takes_dynamic_servers(after);
-        if after.header.first().map(String::as_str) == Some("defaults") {
+    for after_text in &new.sections {
+        // Skip the backends that are gone; any other missing section needs a reload.
+        let before_text = loop {
+            let candidate = old_sections.next()?;
+            if candidate.header == after_text.header {
+                break candidate;
+            }
+            if candidate.kind() != "backend" {
+                return None;
+            }
+        };
+        let is_defaults = after_text.kind() == "defaults";
+        // The same text is the same section: nothing to do, unless it sets what follows.
+        if before_text.text == after_text.text && !is_defaults && parse_where == Parse::WhereChanged {
+            continue;
+        }
+        let (before, after) = (before_text.parse(), after_text.parse());
+        let own_balance = balance_takes_dynamic_servers(&after);
+        if is_defaults {
             inherited_balance = own_balance;
         }
         // HAProxy adds servers at run time only to backends balancing dynamically.
         let dynamic = dynamic && own_balance.or(inherited_balance).unwrap_or(true);
-        // Skip the backends that are gone; any other missing section needs a reload.
-        let before = loop {
-            let candidate = old_sections.next()?;
-            if candidate.header == after.header {
-                break candidate;
-            }
-            if !is_backend(candidate) {
-                return None;
-            }
-        };
-        actions.extend(section_difference(before, after, address_changes, dynamic)?);
+        actions.extend(section_difference(&before, &after, address_changes, dynamic)?);
     }
-    if old_sections.any(|rest| !is_backend(rest)) {
+    if old_sections.any(|rest| rest.kind() != "backend") {
         return None;
     }
     Some(actions)
@@ -397,10 +417,6 @@ pub fn runtime_difference(
 fn balance_takes_dynamic_servers(section: &Section) -> Option<bool> {
     let balance = section.directives.iter().rev().find(|d| d.first().map(String::as_str) == Some("balance"))?;
     Some(matches!(balance.get(1).map(String::as_str), Some("roundrobin" | "leastconn" | "first" | "random")))
-}
-
-fn is_backend(section: &Section) -> bool {
-    section.header.first().map(String::as_str) == Some("backend")
 }
 
 fn section_difference(
@@ -514,8 +530,8 @@ mod reload_reasons {
 
     fn files(config: &str, map: &str) -> FileSet {
         FileSet {
-            haproxy_cfg: RenderedFile::new(config.into()),
-            maps: BTreeMap::from([("host.map".into(), RenderedFile::new(map.into()))]),
+            haproxy_cfg: RenderedFile::new(config),
+            maps: BTreeMap::from([("host.map".into(), RenderedFile::new(map))]),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),
         }
@@ -535,10 +551,10 @@ mod reload_reasons {
         let moved = files("backend be\n    server s1 10.0.0.2:80\n", "a be\n");
         assert_eq!(reload_reason(Some(&base), &moved, AddressChanges::OnlyOutOfTraffic), ReloadReason::ServerAddress);
         let mut with_file = base.clone();
-        with_file.files.insert("crt-list.txt".into(), RenderedFile::new("x.pem\n".into()));
+        with_file.files.insert("crt-list.txt".into(), RenderedFile::new("x.pem\n"));
         assert_eq!(reload_reason(Some(&base), &with_file, safe), ReloadReason::File);
         let mut with_cert = base.clone();
-        with_cert.certs.insert("x.pem".into(), RenderedFile::sensitive("pem".into()));
+        with_cert.certs.insert("x.pem".into(), RenderedFile::sensitive("pem"));
         assert_eq!(reload_reason(Some(&base), &with_cert, safe), ReloadReason::Certificate);
         assert_eq!(reload_reason(Some(&base), &base, safe), ReloadReason::Retry);
     }
@@ -558,7 +574,7 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
 
     fn only_config(text: &str) -> FileSet {
         FileSet {
-            haproxy_cfg: RenderedFile::new(text.into()),
+            haproxy_cfg: RenderedFile::new(text),
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),
@@ -702,9 +718,9 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
     #[test]
     fn a_general_file_change_is_a_full_sync_even_with_the_same_config() {
         let mut old = only_config(BASE);
-        old.files.insert("503.http".into(), RenderedFile::new("a".into()));
+        old.files.insert("503.http".into(), RenderedFile::new("a"));
         let mut new = old.clone();
-        new.files.insert("503.http".into(), RenderedFile::new("b".into()));
+        new.files.insert("503.http".into(), RenderedFile::new("b"));
         assert_eq!(plan(&old, &new, AddressChanges::Followed), Plan::Full);
     }
 
@@ -746,6 +762,92 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
             ));
         }
         text
+    }
+
+    #[test]
+    fn an_unchanged_defaults_section_still_sets_the_balance_of_changed_backends() {
+        let before = "defaults\n    balance source\n\nbackend app\n    server s1 10.0.0.1:80\n";
+        let after = format!("{before}    server s2 10.0.0.2:80\n");
+        // Static balancing takes no dynamic server: the new server needs a reload.
+        assert_eq!(runtime_difference(before, &after, AddressChanges::Followed), None);
+        let roundrobin = |text: &str| text.replace("source", "roundrobin");
+        assert!(runtime_difference(&roundrobin(before), &roundrobin(&after), AddressChanges::Followed).is_some());
+    }
+
+    /// A section of a random configuration: its kind (0 defaults, 1 frontend, else a backend),
+    /// a `balance` choice, whether it has a `default-server`, and its servers.
+    type SectionSpec = (u8, u8, bool, Vec<(u8, u16, u8, bool)>);
+
+    fn section_spec() -> impl Strategy<Value = SectionSpec> {
+        (0u8..5, 0u8..3, proptest::bool::weighted(0.1), proptest::collection::vec(server_line(), 0..4))
+    }
+
+    fn config_of(sections: &[SectionSpec]) -> String {
+        let mut text = String::from("# _version=1\nglobal\n    maxconn 1000\n");
+        for (i, (kind, balance, default_server, servers)) in sections.iter().enumerate() {
+            let header = match kind {
+                0 => "defaults".to_owned(),
+                1 => format!("frontend f{i}"),
+                _ => format!("backend b{i}"),
+            };
+            text.push_str(&format!("\n{header}\n"));
+            match balance {
+                0 => {}
+                1 => text.push_str("    balance roundrobin\n"),
+                _ => text.push_str("    balance source\n"),
+            }
+            if *default_server {
+                text.push_str("    default-server check\n");
+            }
+            for (n, (ip, port, weight, disabled)) in servers.iter().enumerate() {
+                let state = if *disabled { " disabled" } else { "" };
+                text.push_str(&format!("    server s{n} 10.0.0.{ip}:{port} weight {weight}{state}\n"));
+            }
+        }
+        text
+    }
+
+    proptest! {
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        // The differences it looks for need a few sections in the right order: many cases,
+        // each a few microseconds.
+        ..ProptestConfig::with_cases(4096)
+    })]
+
+        /// Parsing only the sections whose text changed decides exactly as parsing everything:
+        /// for random multi-section configurations and random edits of them (servers moved,
+        /// added or removed, sections dropped, balances and `default-server` lines changed).
+        #[test]
+        fn parsing_only_changed_sections_decides_as_parsing_all(
+            before in proptest::collection::vec(section_spec(), 1..6),
+            edits in proptest::collection::vec((0usize..6, section_spec(), 0u8..6), 0..4),
+        ) {
+            let mut after = before.clone();
+            for (at, replacement, how) in edits {
+                if after.is_empty() { break; }
+                let at = at % after.len();
+                match how {
+                    0 => { after.remove(at); }
+                    1 => after[at] = replacement,
+                    2 => after[at].3 = replacement.3,
+                    3 => after[at].1 = replacement.1,
+                    // A server added at the end (a dynamic server, if the balance allows).
+                    4 => after[at].3.extend(replacement.3.first()),
+                    // A disabled server taking traffic at a new address (a free slot taken).
+                    _ => if let (Some(server), Some(new)) = (after[at].3.first_mut(), replacement.3.first()) {
+                        *server = (new.0, new.1, server.2, !server.3);
+                    },
+                }
+            }
+            let (old, new) = (config_of(&before), config_of(&after));
+            for changes in [AddressChanges::Followed, AddressChanges::OnlyOutOfTraffic] {
+                prop_assert_eq!(
+                    runtime_difference_of(&old, &new, changes, Parse::WhereChanged),
+                    runtime_difference_of(&old, &new, changes, Parse::Everything)
+                );
+            }
+        }
     }
 
     proptest! {

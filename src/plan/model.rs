@@ -122,7 +122,7 @@ impl Running {
             }
             RuntimeAction::RenewCertificate { name } => {
                 let renewed = desired.certs.get(name).ok_or("renewing a certificate not desired")?;
-                *self.certs.get_mut(name).ok_or("set ssl cert: no such certificate")? = renewed.content.clone();
+                *self.certs.get_mut(name).ok_or("set ssl cert: no such certificate")? = renewed.content.to_string();
             }
         }
         Ok(())

@@ -26,20 +26,27 @@ use haptic::store::Stores;
 struct CountingAllocator;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+/// The most `LIVE_BYTES` has been since it was last reset (a plan's transient peak).
+static PEAK_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+fn count(change: isize) {
+    let live = LIVE_BYTES.fetch_add(change, Ordering::Relaxed) + change;
+    PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
+}
 
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        count(layout.size() as isize);
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        count(-(layout.size() as isize));
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        count(new_size as isize - layout.size() as isize);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -115,6 +122,7 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
     let renderer = Renderer::compile(&config.spec).expect("example compiles");
     let mut group = c.benchmark_group(name);
     group.sample_size(10);
+    let mut plans = Vec::new();
     for count in [100usize, 1_000, 10_000] {
         let objects = synthetic::ingress_fleet_with_paths(count, paths);
         let before = LIVE_BYTES.load(Ordering::Relaxed);
@@ -138,6 +146,31 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
         group.throughput(Throughput::Elements(count as u64));
         group.bench_with_input(BenchmarkId::from_parameter(count), &stores, |b, stores| {
             b.iter(|| black_box(renderer.render(stores, &[]).expect("renders")));
+        });
+        plans.push((count, files));
+    }
+    group.finish();
+    // What each pod's driver does with a render: plan it against the files the pod runs, here
+    // one endpoint moved in the last backend (a runtime change), and the heap it takes to.
+    let mut group = c.benchmark_group(format!("{name}_plan"));
+    group.sample_size(10);
+    for (count, before) in plans {
+        let text = &before.haproxy_cfg.content;
+        let last_server = text.rfind("    server ").expect("a server line");
+        let address_end = last_server + text[last_server..].find(':').expect("an address");
+        let address_start = text[..address_end].rfind(' ').expect("an address") + 1;
+        let moved = format!("{}198.19.255.254{}", &text[..address_start], &text[address_end..]);
+        let mut after = before.clone();
+        after.haproxy_cfg = haptic::files::RenderedFile::new(moved);
+        let changes = haptic::plan::AddressChanges::Followed;
+        let live = LIVE_BYTES.load(Ordering::Relaxed);
+        PEAK_BYTES.store(live, Ordering::Relaxed);
+        let plan = haptic::plan::plan(&before, &after, changes);
+        let peak = PEAK_BYTES.load(Ordering::Relaxed) - live;
+        assert!(matches!(plan, haptic::plan::Plan::Runtime(_)), "{plan:?}");
+        println!("{name}_plan: {count} Ingresses: a plan's peak heap {:.2} MiB", peak as f64 / 1048576.0);
+        group.bench_with_input(BenchmarkId::from_parameter(count), &(before, after), |b, (before, after)| {
+            b.iter(|| black_box(haptic::plan::plan(before, after, changes)));
         });
     }
     group.finish();
