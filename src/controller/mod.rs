@@ -316,7 +316,9 @@ pub async fn run(
                             (None, Some(journal)) => {
                                 let key = config_key.clone();
                                 let slots = crate::journal::on_blocking_pool(journal, move |j| Ok(j.slots(&key))).await;
-                                next.renderer.seed_slots(slots.unwrap_or_default());
+                                // What the journal holds: the first render writes only what it changes.
+                                saved_slots = slots.unwrap_or_default();
+                                next.renderer.seed_slots(saved_slots.clone());
                             }
                             (None, None) => {}
                         }
@@ -454,10 +456,11 @@ pub async fn run(
                 api.set_render(active.generation, Arc::new(files.clone()));
                 if let Some(journal) = &journal {
                     let slots = active.renderer.slots();
-                    if slots != saved_slots {
+                    let changes = crate::plan::slots::changes(&saved_slots, &slots);
+                    if !changes.is_empty() {
                         // An fsync: on the blocking pool, not this loop's thread.
-                        let (key, kept) = (config_key.clone(), slots.clone());
-                        match crate::journal::on_blocking_pool(journal, move |j| j.put_slots(&key, &kept)).await {
+                        let key = config_key.clone();
+                        match crate::journal::on_blocking_pool(journal, move |j| j.put_slot_changes(&key, &changes)).await {
                             Ok(()) => saved_slots = slots,
                             Err(error) => warn!(%error, "could not journal the server slots"),
                         }

@@ -20,6 +20,8 @@ pub enum RecordKind {
     Slots = 4,
     /// The auxiliary files a validation replaced on one pod, and what they replaced.
     Uploads = 5,
+    /// The server slots of one backend of one configuration.
+    BackendSlots = 6,
 }
 
 /// Errors decoding a stored value.

@@ -28,8 +28,8 @@ use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
 use records::{
-    MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, PodRecordV4, SlotsV1, StoredCopyV1, TransitionRecordV1,
-    TransitionRecordV2, UploadsV1, VersionsV1, state_code, state_from_code,
+    BackendSlotsV1, MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, PodRecordV4, SlotsV1, StoredCopyV1,
+    TransitionRecordV1, TransitionRecordV2, UploadsV1, VersionsV1, state_code, state_from_code,
 };
 
 /// A pod's identity: its UID. A pod recreated under the same name is a new pod.
@@ -201,7 +201,12 @@ pub struct Journal {
     pods: sled::Tree,
     log: sled::Tree,
     files: sled::Tree,
+    /// `SlotsV1` records (every backend of a configuration in one), as builds before
+    /// `backend_slots` wrote them: read when a configuration has no record there, removed
+    /// once its slots are written again.
     slots: sled::Tree,
+    /// `BackendSlotsV1` records, keyed by [`backend_slots_key`].
+    backend_slots: sled::Tree,
     uploads: sled::Tree,
     retention: u64,
     /// Every pod's current record, as last committed: read by the API and the status every
@@ -300,6 +305,7 @@ impl Journal {
             log: db.open_tree("log").map_err(store("opening the log tree"))?,
             files: db.open_tree("files").map_err(store("opening the files tree"))?,
             slots: db.open_tree("slots").map_err(store("opening the slots tree"))?,
+            backend_slots: db.open_tree("backend_slots").map_err(store("opening the backend slots tree"))?,
             uploads: db.open_tree("uploads").map_err(store("opening the uploads tree"))?,
             db,
             retention: retention.max(1),
@@ -501,20 +507,73 @@ impl Journal {
         self.flush()
     }
 
-    /// Records the server slots of a configuration (`namespace/name`), durably, so a restarted
-    /// controller gives every endpoint the server name the pods already run.
-    pub fn put_slots(&self, config: &str, slots: &crate::plan::slots::Slots) -> Result<(), JournalError> {
-        let record =
-            SlotsV1 { backends: slots.iter().map(|(backend, table)| (backend.clone(), table.slots.clone())).collect() };
-        let bytes = codec::encode(RecordKind::Slots, 1, &record)
-            .map_err(|source| self.record(format!("the slots of {config}"), source))?;
-        self.slots.insert(config.as_bytes(), bytes).map_err(|source| self.store("storing slots", source))?;
+    /// Records changes to the server slots of a configuration (`namespace/name`), durably, so a
+    /// restarted controller gives every endpoint the server name the pods already run: each
+    /// backend's new table, or `None` for a backend gone. Only the changed backends are
+    /// written (one batch, then a flush).
+    pub fn put_slot_changes(&self, config: &str, changes: &[SlotChange]) -> Result<(), JournalError> {
+        // A configuration still in the older whole record has every backend written anew,
+        // changed or not, before that record goes.
+        let legacy = self.slots.get(config.as_bytes()).map_err(|source| self.store("reading slots", source))?;
+        let mut tables: Vec<(String, Option<crate::plan::slots::SlotTable>)> = Vec::new();
+        if legacy.is_some() {
+            let mut merged = self.legacy_slots(config);
+            for (backend, table) in changes {
+                match table {
+                    Some(table) => merged.insert(backend.clone(), table.clone()),
+                    None => merged.remove(backend),
+                };
+            }
+            tables.extend(merged.into_iter().map(|(backend, table)| (backend, Some(table))));
+        }
+        let mut batch = sled::Batch::default();
+        let written = if legacy.is_some() { tables.as_slice() } else { changes };
+        for (backend, table) in written {
+            let key = backend_slots_key(config, backend);
+            match table {
+                Some(table) => {
+                    let record = BackendSlotsV1 { slots: table.slots.clone() };
+                    let bytes = codec::encode(RecordKind::BackendSlots, 1, &record)
+                        .map_err(|source| self.record(format!("the slots of {config} {backend}"), source))?;
+                    batch.insert(key, bytes);
+                }
+                None => batch.remove(key),
+            }
+        }
+        self.backend_slots.apply_batch(batch).map_err(|source| self.store("storing slots", source))?;
+        if legacy.is_some() {
+            self.slots.remove(config.as_bytes()).map_err(|source| self.store("storing slots", source))?;
+        }
         self.flush()
     }
 
-    /// The server slots last recorded for a configuration (empty when none, or unreadable:
-    /// slots only spare reloads, so a bad record is dropped rather than failing the start).
+    /// The server slots last recorded for a configuration (empty when none; an unreadable
+    /// record is dropped, its backend's slots assigned afresh: slots only spare reloads, so a
+    /// bad record never fails the start).
     pub fn slots(&self, config: &str) -> crate::plan::slots::Slots {
+        let prefix = backend_slots_key(config, "");
+        let mut slots = crate::plan::slots::Slots::new();
+        for entry in self.backend_slots.scan_prefix(&prefix) {
+            let Ok((key, bytes)) = entry else { continue };
+            let backend = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            let decoded = codec::open(RecordKind::BackendSlots, &bytes).and_then(|(version, payload)| {
+                codec::decode_payload::<BackendSlotsV1>(RecordKind::BackendSlots, version, payload)
+            });
+            match decoded {
+                Ok(record) => {
+                    slots.insert(backend, crate::plan::slots::SlotTable { slots: record.slots });
+                }
+                Err(error) => {
+                    error!(dir = %self.dir.display(), config, backend, %error,
+                           "server slots unreadable; assigning afresh");
+                }
+            }
+        }
+        if slots.is_empty() { self.legacy_slots(config) } else { slots }
+    }
+
+    /// A configuration's slots in the older whole record, if it has one.
+    fn legacy_slots(&self, config: &str) -> crate::plan::slots::Slots {
         let Ok(Some(bytes)) = self.slots.get(config.as_bytes()) else { return Default::default() };
         let decoded = codec::open(RecordKind::Slots, &bytes)
             .and_then(|(version, payload)| codec::decode_payload::<SlotsV1>(RecordKind::Slots, version, payload));
@@ -672,6 +731,19 @@ enum OpenFailure {
 fn log_prefix(uid: &PodUid) -> Vec<u8> {
     let mut key = uid.0.as_bytes().to_vec();
     key.push(0);
+    key
+}
+
+/// One backend's slot change: its new table, or `None` when the backend is gone.
+pub type SlotChange = (String, Option<crate::plan::slots::SlotTable>);
+
+/// `<configuration>\0<backend>`: a configuration's backends are one prefix scan apart
+/// (neither a `namespace/name` nor a backend name holds a NUL).
+fn backend_slots_key(config: &str, backend: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(config.len() + 1 + backend.len());
+    key.extend_from_slice(config.as_bytes());
+    key.push(0);
+    key.extend_from_slice(backend.as_bytes());
     key
 }
 
@@ -1012,21 +1084,50 @@ mod tests {
         use crate::plan::slots::{SlotTable, Slots};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal");
-        let slots: Slots = [(
-            "be_web".to_owned(),
-            SlotTable { slots: vec![Some(("10.0.0.3".into(), 8080)), None, Some(("10.0.0.2".into(), 8080))] },
-        )]
-        .into();
+        let web = SlotTable { slots: vec![Some(("10.0.0.3".into(), 8080)), None, Some(("10.0.0.2".into(), 8080))] };
+        let api = SlotTable { slots: vec![Some(("10.0.0.9".into(), 80))] };
         {
             let (journal, _) = Journal::open(&path, 10).unwrap();
             assert!(journal.slots("haptic/web").is_empty());
-            journal.put_slots("haptic/web", &slots).unwrap();
+            journal
+                .put_slot_changes(
+                    "haptic/web",
+                    &[("be_web".into(), Some(web.clone())), ("be_api".into(), Some(api.clone()))],
+                )
+                .unwrap();
+            // Another configuration's backends are apart, even one whose name extends this one's.
+            journal.put_slot_changes("haptic/web2", &[("be_other".into(), Some(api.clone()))]).unwrap();
         }
         let (journal, report) = Journal::open(&path, 10).unwrap();
         assert_eq!(report.moved_aside, None);
-        assert_eq!(journal.slots("haptic/web"), slots);
-        journal.slots.insert(b"haptic/web", &[4u8, 1, 0, 0xff][..]).unwrap();
+        let both: Slots = [("be_api".to_owned(), api.clone()), ("be_web".to_owned(), web.clone())].into();
+        assert_eq!(journal.slots("haptic/web"), both);
+        // Only what changed is written; a backend gone is removed.
+        journal.put_slot_changes("haptic/web", &[("be_api".into(), None)]).unwrap();
+        assert_eq!(journal.slots("haptic/web"), [("be_web".to_owned(), web.clone())].into());
+        journal.backend_slots.insert(backend_slots_key("haptic/web", "be_web"), &[6u8, 1, 0, 0xff][..]).unwrap();
         assert!(journal.slots("haptic/web").is_empty(), "an unreadable record means assigning afresh");
+        assert_eq!(journal.slots("haptic/web2").len(), 1);
+    }
+
+    #[test]
+    fn slots_in_the_older_whole_record_are_read_and_rewritten_per_backend_at_the_next_change() {
+        use crate::plan::slots::{SlotTable, Slots};
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&dir.path().join("journal"), 10).unwrap();
+        let web = SlotTable { slots: vec![Some(("10.0.0.3".into(), 8080)), None] };
+        let api = SlotTable { slots: vec![Some(("10.0.0.9".into(), 80))] };
+        // What builds before the backend_slots tree wrote: every backend in one record.
+        let legacy =
+            SlotsV1 { backends: vec![("be_api".into(), api.slots.clone()), ("be_web".into(), web.slots.clone())] };
+        journal.slots.insert(b"haptic/web", codec::encode(RecordKind::Slots, 1, &legacy).unwrap()).unwrap();
+        let both: Slots = [("be_api".to_owned(), api.clone()), ("be_web".to_owned(), web.clone())].into();
+        assert_eq!(journal.slots("haptic/web"), both);
+        // One backend changes: the other, unchanged, is carried over before the record goes.
+        let moved = SlotTable { slots: vec![Some(("10.0.0.4".into(), 8080)), None] };
+        journal.put_slot_changes("haptic/web", &[("be_web".into(), Some(moved.clone()))]).unwrap();
+        assert!(journal.slots.get(b"haptic/web").unwrap().is_none(), "the whole record is gone");
+        assert_eq!(journal.slots("haptic/web"), [("be_api".to_owned(), api), ("be_web".to_owned(), moved)].into());
     }
 
     #[test]

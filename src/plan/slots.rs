@@ -71,12 +71,52 @@ pub fn assign(previous: &SlotTable, endpoints: &[EndpointKey], block: usize) -> 
 /// Slot tables of every backend, by backend name.
 pub type Slots = BTreeMap<String, SlotTable>;
 
+/// What changed from `previous` to `current`: each backend whose table differs, with its new
+/// table, or `None` for a backend gone; in backend order. What the journal writes after a
+/// render, so a render that moved one endpoint writes one backend.
+pub fn changes(previous: &Slots, current: &Slots) -> Vec<(String, Option<SlotTable>)> {
+    let changed = current
+        .iter()
+        .filter(|(backend, table)| previous.get(*backend) != Some(*table))
+        .map(|(backend, table)| (backend.clone(), Some(table.clone())));
+    let gone = previous.keys().filter(|backend| !current.contains_key(*backend)).map(|backend| (backend.clone(), None));
+    let mut all: Vec<_> = changed.chain(gone).collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
     use proptest::test_runner::FileFailurePersistence;
 
     use super::*;
+
+    #[test]
+    fn changes_name_the_backends_that_differ_and_those_gone() {
+        let table = |address: &str| SlotTable { slots: vec![Some((address.to_owned(), 80)), None] };
+        let previous: Slots = [
+            ("a".to_owned(), table("10.0.0.1")),
+            ("b".to_owned(), table("10.0.0.2")),
+            ("c".to_owned(), table("10.0.0.3")),
+        ]
+        .into();
+        let current: Slots = [
+            ("a".to_owned(), table("10.0.0.1")),
+            ("b".to_owned(), table("10.0.0.9")),
+            ("d".to_owned(), table("10.0.0.4")),
+        ]
+        .into();
+        assert_eq!(
+            changes(&previous, &current),
+            [
+                ("b".to_owned(), Some(table("10.0.0.9"))),
+                ("c".to_owned(), None),
+                ("d".to_owned(), Some(table("10.0.0.4")))
+            ]
+        );
+        assert!(changes(&current, &current).is_empty());
+    }
 
     fn endpoint(n: u8) -> EndpointKey {
         (format!("10.0.0.{n}"), 8080)
