@@ -16,6 +16,7 @@ pub mod files;
 pub mod fleet;
 pub mod gateway;
 pub mod journal;
+pub mod memory;
 pub mod offline;
 pub mod plan;
 pub mod render;

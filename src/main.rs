@@ -6,6 +6,7 @@ use clap::Parser;
 use haptic::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    haptic::memory::return_freed_memory();
     let cli = Cli::parse();
     let _telemetry = haptic::telemetry::init(cli.log_format);
     haptic::tls::install_crypto_provider();
