@@ -235,7 +235,19 @@ impl ControllerProcess {
     ) -> Result<Self> {
         let render_dir = dir.path().join("renders");
         let log = dir.path().join(format!("haptic-{}.log", std::process::id()));
-        let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        // `HAPTIC_WRAP="heaptrack -o /tmp/haptic"` (say) runs the controller under a profiler;
+        // its pid is then the wrapper's, so RSS figures read from /proc are the wrapper's too.
+        let wrap = std::env::var("HAPTIC_WRAP").unwrap_or_default();
+        let mut wrap = wrap.split_whitespace();
+        let mut command = match wrap.next() {
+            Some(program) => {
+                let mut command = Command::new(program);
+                command.args(wrap).arg(env!("CARGO_BIN_EXE_haptic"));
+                command
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_haptic")),
+        };
+        let child = command
             .args(["run", "--config-namespace", namespace, "--config-name", name, "--render-dir"])
             .arg(&render_dir)
             .arg("--journal-dir")

@@ -93,6 +93,13 @@ pub fn install_render(
     std::fs::create_dir_all(dir.join("maps"))?;
     std::fs::create_dir_all(dir.join("general"))?;
     std::fs::create_dir_all(dir.join("certs"))?;
+    // A render's record is written after its files: before the first one, `haproxy.cfg` may be
+    // there and `maps/` not yet (a test that read the directory then failed on it, in CI).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while controller.renders().is_empty() {
+        ensure!(Instant::now() < deadline, "no render recorded within 30 s:\n{}", controller.log_tail());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let crt_list = std::fs::read_to_string(controller.render_dir.join("files/crt-list.txt")).unwrap_or_default();
     let config = std::fs::read_to_string(controller.render_dir.join("haproxy.cfg")).unwrap_or_default();
     // Certificates a crt-list names, and those bind lines name with `crt` (Gateway listeners).
