@@ -11,7 +11,13 @@
 # address taken: the old workers resume and keep serving) or the new worker died.
 set -u
 master=$(cat '@RUN_DIR@/haproxy.pid') || exit 1
-timeout_seconds=10
+# How long a reload may take before it counts as failed. A configuration that does not start
+# fails at once (its new worker exits, or none is started); this bounds only a reload still
+# loading. HAProxy 2.6 loading 10,000 backends on a busy 2-core node took more than 10 s: a
+# shorter bound called that reload failed while it took effect, and the Dataplane API then
+# put the previous file back under the running configuration. RELOAD_TIMEOUT_SECONDS in the
+# sidecar's environment sets it.
+timeout_seconds=${RELOAD_TIMEOUT_SECONDS:-120}
 
 workers() {
     for stat in /proc/[0-9]*/stat; do
