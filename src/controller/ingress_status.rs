@@ -124,8 +124,10 @@ pub struct StatusWriter {
 }
 
 impl StatusWriter {
-    /// Starts the writing task.
-    pub fn start(client: kube::Client) -> Self {
+    /// Starts the writing task. `may_write` is asked before every PATCH: a replica that lost
+    /// the lease drops what it owed (the new leader computes its own) instead of finishing a
+    /// pass of up to 10,000 writes under another leader.
+    pub fn start(client: kube::Client, may_write: impl Fn() -> bool + Send + Sync + 'static) -> Self {
         let writer = Self { owed: Arc::default(), wake: Arc::new(Notify::new()) };
         let (owed, wake) = (writer.owed.clone(), writer.wake.clone());
         tokio::spawn(async move {
@@ -133,7 +135,15 @@ impl StatusWriter {
                 wake.notified().await;
                 let pass = owed.lock().map(|mut owed| std::mem::take(&mut *owed)).unwrap_or_default();
                 futures::stream::iter(pass.into_values())
-                    .for_each_concurrent(WRITES_IN_FLIGHT, |change| write_one(&client, change))
+                    .for_each_concurrent(WRITES_IN_FLIGHT, |change| {
+                        let allowed = may_write();
+                        let client = &client;
+                        async move {
+                            if allowed {
+                                write_one(client, change).await;
+                            }
+                        }
+                    })
                     .await;
             }
         });
@@ -219,6 +229,44 @@ mod tests {
 
     use super::*;
     use crate::store::{ObjectKey, ResourceStore};
+
+    #[tokio::test]
+    async fn a_replica_that_may_not_write_drops_what_it_owed() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use wiremock::{Mock, MockServer, ResponseTemplate, matchers};
+        let server = MockServer::start().await;
+        let ingress = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                             "metadata": {"name": "a", "namespace": "ns"}});
+        Mock::given(matchers::method("PATCH"))
+            .and(matchers::path("/apis/networking.k8s.io/v1/namespaces/ns/ingresses/a/status"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(&ingress))
+            .mount(&server)
+            .await;
+        let config = kube::Config::new(server.uri().parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let leading = Arc::new(AtomicBool::new(false));
+        let asked = leading.clone();
+        let writer = StatusWriter::start(client, move || asked.load(Ordering::SeqCst));
+        let change = || IngressStatusChange {
+            namespace: "ns".into(),
+            name: "a".into(),
+            ingress: vec![json!({"ip": "10.0.0.1"})],
+        };
+        let patches = || async { server.received_requests().await.unwrap_or_default().len() };
+        writer.offer(vec![change()]);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert_eq!(patches().await, 0, "a follower writes nothing");
+        // Leading again: only what is offered now is written (what was owed was dropped).
+        leading.store(true, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(patches().await, 0, "nothing owed from before");
+        writer.offer(vec![change()]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while patches().await == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(patches().await, 1);
+    }
 
     fn stores(objects: Vec<Json>) -> Stores {
         let mut store = ResourceStore::new("Ingress", Vec::new());

@@ -214,7 +214,10 @@ pub async fn run(
     // status tick (their status may be wrong: another writer's, or the echo of ours).
     let mut left_out_of_last_render: Option<(i64, Vec<crate::store::ObjectRef>)> = None;
     let mut ingress_status_dirty: std::collections::HashSet<crate::store::ObjectRef> = Default::default();
-    let ingress_writer = ingress_status::StatusWriter::start(client.clone());
+    let ingress_writer = {
+        let (leading, journal) = (leadership.clone(), journal.clone());
+        ingress_status::StatusWriter::start(client.clone(), move || writes_status(*leading.borrow(), &journal))
+    };
     let auth = options.api_auth.then(|| Arc::new(crate::api::auth::KubeAuthorizer::new(client.clone())));
     let api = crate::api::ApiState { journal: journal.clone(), auth, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
