@@ -135,15 +135,8 @@ impl StatusWriter {
                 wake.notified().await;
                 let pass = owed.lock().map(|mut owed| std::mem::take(&mut *owed)).unwrap_or_default();
                 futures::stream::iter(pass.into_values())
-                    .for_each_concurrent(WRITES_IN_FLIGHT, |change| {
-                        let allowed = may_write();
-                        let client = &client;
-                        async move {
-                            if allowed {
-                                write_one(client, change).await;
-                            }
-                        }
-                    })
+                    .filter(|_| std::future::ready(may_write()))
+                    .for_each_concurrent(WRITES_IN_FLIGHT, |change| write_one(&client, change))
                     .await;
             }
         });

@@ -514,20 +514,23 @@ impl Journal {
     pub fn put_slot_changes(&self, config: &str, changes: &[SlotChange]) -> Result<(), JournalError> {
         // A configuration still in the older whole record has every backend written anew,
         // changed or not, before that record goes.
-        let legacy = self.slots.get(config.as_bytes()).map_err(|source| self.store("reading slots", source))?;
-        let mut tables: Vec<(String, Option<crate::plan::slots::SlotTable>)> = Vec::new();
-        if legacy.is_some() {
-            let mut merged = self.legacy_slots(config);
+        let legacy =
+            self.slots.contains_key(config.as_bytes()).map_err(|source| self.store("reading slots", source))?;
+        let merged: Vec<SlotChange>;
+        let written = if legacy {
+            let mut all = self.legacy_slots(config);
             for (backend, table) in changes {
                 match table {
-                    Some(table) => merged.insert(backend.clone(), table.clone()),
-                    None => merged.remove(backend),
+                    Some(table) => all.insert(backend.clone(), table.clone()),
+                    None => all.remove(backend),
                 };
             }
-            tables.extend(merged.into_iter().map(|(backend, table)| (backend, Some(table))));
-        }
+            merged = all.into_iter().map(|(backend, table)| (backend, Some(table))).collect();
+            merged.as_slice()
+        } else {
+            changes
+        };
         let mut batch = sled::Batch::default();
-        let written = if legacy.is_some() { tables.as_slice() } else { changes };
         for (backend, table) in written {
             let key = backend_slots_key(config, backend);
             match table {
@@ -541,7 +544,7 @@ impl Journal {
             }
         }
         self.backend_slots.apply_batch(batch).map_err(|source| self.store("storing slots", source))?;
-        if legacy.is_some() {
+        if legacy {
             self.slots.remove(config.as_bytes()).map_err(|source| self.store("storing slots", source))?;
         }
         self.flush()

@@ -264,13 +264,7 @@ struct TrackedObject {
 
 impl Object for TrackedObject {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        LAST_OBJECT.with(|last| {
-            // Attribute access is the hottest path of a render: compare pointers, not names.
-            let mut last = last.borrow_mut();
-            if !last.as_ref().is_some_and(|known| Arc::ptr_eq(&known.reference, &self.reference)) {
-                *last = Some(self.clone());
-            }
-        });
+        touch(self);
         self.inner.get_item(key).ok().filter(|value| !value.is_undefined())
     }
 
@@ -288,14 +282,20 @@ pub(crate) fn stored_members(value: &Value) -> Option<&[(Arc<str>, crate::store:
     let tracked = value.downcast_object_ref::<TrackedObject>()?;
     let members = crate::store::compact::map_members(&tracked.inner)?;
     if let Some(object) = value.downcast_object::<TrackedObject>() {
-        LAST_OBJECT.with(|last| {
-            let mut last = last.borrow_mut();
-            if !last.as_ref().is_some_and(|known| Arc::ptr_eq(&known.reference, &object.reference)) {
-                *last = Some(object);
-            }
-        });
+        touch(&object);
     }
     Some(members)
+}
+
+/// Makes `object` the one touched last (what a refused value blames).
+fn touch(object: &Arc<TrackedObject>) {
+    LAST_OBJECT.with(|last| {
+        // Attribute access is the hottest path of a render: compare pointers, not names.
+        let mut last = last.borrow_mut();
+        if !last.as_ref().is_some_and(|known| Arc::ptr_eq(&known.reference, &object.reference)) {
+            *last = Some(object.clone());
+        }
+    });
 }
 
 /// A stored object as a `resources` lookup hands it to templates (for tests of functions that

@@ -171,9 +171,8 @@ fn format_value(out: &mut minijinja::Output, value: &Value) -> Result<(), miniji
         }
         ValueKind::Number | ValueKind::Bool | ValueKind::None => write!(out, "{value}").map_err(minijinja::Error::from),
         // Whole lines haptic's own functions wrote, each from vetted parts (`server_lines`).
-        ValueKind::Plain if value.downcast_object_ref::<library::VettedLines>().is_some() => {
-            let lines = value.downcast_object_ref::<library::VettedLines>().map(|l| l.0.as_str()).unwrap_or_default();
-            out.write_str(lines).map_err(minijinja::Error::from)
+        ValueKind::Plain if let Some(lines) = value.downcast_object_ref::<library::VettedLines>() => {
+            out.write_str(&lines.0).map_err(minijinja::Error::from)
         }
         other => Err(refused(format!("refusing to print a whole {other}: print its fields, through filters"))),
     }
