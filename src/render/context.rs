@@ -144,11 +144,18 @@ impl Resources {
         let views = stores
             .iter()
             .map(|(alias, store)| {
-                let view = StoreView { alias: alias.clone(), store: store.clone(), all: std::sync::OnceLock::new() };
+                let view =
+                    StoreView { alias: alias.as_str().into(), store: store.clone(), all: std::sync::OnceLock::new() };
                 (alias.clone(), Value::from_object(view))
             })
             .collect();
         Self { views }
+    }
+}
+
+impl Resources {
+    fn store(&self, alias: &str) -> Option<&StoreView> {
+        self.views.get(alias)?.downcast_object_ref::<StoreView>()
     }
 }
 
@@ -165,14 +172,49 @@ impl Object for Resources {
 /// `resources.<alias>`: the objects of one watched resource type.
 #[derive(Debug)]
 pub(crate) struct StoreView {
-    alias: String,
+    alias: Arc<str>,
     store: Arc<ResourceStore>,
     /// Every object, in order, built on first use in this render.
     all: std::sync::OnceLock<Value>,
 }
 
 impl StoreView {
+    /// Notes, for the block being rendered, that it read the whole store.
+    fn record_whole(&self) {
+        if super::memo::recording() {
+            super::memo::record_read(|| super::memo::Read::Whole {
+                alias: self.alias.clone(),
+                generation: self.store.generation(),
+            });
+        }
+    }
+
+    /// Notes, for the block being rendered, what a lookup found.
+    fn record_lookup(&self, key: &[String]) {
+        if super::memo::recording() {
+            super::memo::record_read(|| {
+                let found: Vec<_> = self.store.lookup(key).collect();
+                // The store's own copy of the key, when it has one: no second copy per block.
+                let key = found.first().and_then(|object| object.index_key.clone()).unwrap_or_else(|| key.into());
+                super::memo::Read::Lookup {
+                    alias: self.alias.clone(),
+                    generation: super::memo::AtomicGeneration::new(self.store.generation()),
+                    key,
+                    found: found.iter().map(|object| (object.content, object.ignored)).collect(),
+                }
+            });
+        }
+    }
+
+    /// Whether the store holds exactly `found` under `key`.
+    fn finds(&self, key: &[String], found: &[super::memo::Identity]) -> bool {
+        let mut now = self.store.lookup(key);
+        found.iter().all(|identity| now.next().is_some_and(|object| (object.content, object.ignored) == *identity))
+            && now.next().is_none()
+    }
+
     fn all(&self) -> Value {
+        self.record_whole();
         self.all
             .get_or_init(|| Value::from(self.store.iter().map(|object| template_value(object)).collect::<Vec<_>>()))
             .clone()
@@ -219,6 +261,7 @@ impl Object for StoreView {
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        self.record_whole();
         Some(self.store.len())
     }
 
@@ -227,10 +270,12 @@ impl Object for StoreView {
             "list" => Ok(self.all()),
             "fetch" => {
                 let key = self.index_key(method, args)?;
+                self.record_lookup(&key);
                 Ok(Value::from(self.store.lookup(&key).map(|object| template_value(object)).collect::<Vec<_>>()))
             }
             "get" => {
                 let key = self.index_key(method, args)?;
+                self.record_lookup(&key);
                 let mut found = self.store.lookup(&key);
                 let first = found.next();
                 if let Some(second) = found.next() {
@@ -259,7 +304,35 @@ impl Object for StoreView {
 #[derive(Debug)]
 struct TrackedObject {
     reference: Arc<ObjectRef>,
+    /// Who the object is, content and all (what a block's key holds of it).
+    identity: super::memo::Identity,
     inner: Value,
+}
+
+impl super::memo::Fingerprinted for TrackedObject {
+    fn feed(&self, digest: &mut super::memo::Digest) -> bool {
+        use std::hash::Hasher;
+        digest.write(self.identity.0.as_bytes());
+        digest.write_u64(self.identity.1.map_or(0, std::num::NonZeroU64::get));
+        true
+    }
+}
+
+/// The value's own fingerprint, when it is a stored object or a route.
+pub(crate) fn fingerprinted(value: &Value) -> Option<&dyn super::memo::Fingerprinted> {
+    if let Some(object) = value.downcast_object_ref::<TrackedObject>() {
+        return Some(object);
+    }
+    super::library::route_fingerprinted(value)
+}
+
+/// Whether the value is one of the render's live objects (the stores, the shared state, a
+/// collector), which have no content of their own to fingerprint.
+pub(crate) fn is_live(value: &Value) -> bool {
+    value.downcast_object_ref::<Resources>().is_some()
+        || value.downcast_object_ref::<StoreView>().is_some()
+        || value.downcast_object_ref::<Shared>().is_some()
+        || value.downcast_object_ref::<Collector>().is_some()
 }
 
 impl Object for TrackedObject {
@@ -307,7 +380,11 @@ pub(crate) fn tracked_value(object: &StoredObject) -> Value {
 
 fn template_value(object: &StoredObject) -> Value {
     object.template_value(|stored| {
-        Value::from_object(TrackedObject { reference: Arc::new(stored.reference.clone()), inner: stored.value.clone() })
+        Value::from_object(TrackedObject {
+            reference: Arc::new(stored.reference.clone()),
+            identity: (stored.content, stored.ignored),
+            inner: stored.value.clone(),
+        })
     })
 }
 
@@ -315,19 +392,26 @@ fn template_value(object: &StoredObject) -> Value {
 /// done for one file (a route table, say) is not redone for the next.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    collectors: std::sync::Mutex<std::collections::HashMap<String, Value>>,
+    collectors: std::sync::Mutex<std::collections::HashMap<Arc<str>, Value>>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// General files registered by functions (`ca_file(...)`), by file name.
     files: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// Server slots of every backend, as this render assigns them.
     slots: std::sync::Mutex<crate::plan::slots::Slots>,
+    /// The blocks of `render_each` this render may reuse, and those it uses.
+    blocks: super::memo::RenderBlocks,
 }
 
 impl Shared {
-    /// Shared state for a render that starts from these server slots.
-    pub(crate) fn starting_from(slots: crate::plan::slots::Slots) -> Self {
-        Self { slots: std::sync::Mutex::new(slots), ..Self::default() }
+    /// Shared state for a render that starts from these server slots and may reuse these
+    /// blocks.
+    pub(crate) fn starting_from(slots: crate::plan::slots::Slots, blocks: Arc<super::memo::Blocks>) -> Self {
+        Self {
+            slots: std::sync::Mutex::new(slots),
+            blocks: super::memo::RenderBlocks::reusing(blocks),
+            ..Self::default()
+        }
     }
 
     /// Assigns a backend's endpoints to its slots (once per render: a backend rendered twice,
@@ -343,19 +427,15 @@ impl Shared {
         use crate::plan::slots::{SlotTable, assign};
         let Ok(mut slots) = self.slots.lock() else { return read(&assign(&SlotTable::default(), endpoints, block)) };
         match slots.get_mut(backend) {
-            Some(table) => {
-                if !table.holds_exactly(endpoints) {
-                    *table = assign(table, endpoints, block);
-                }
-                read(table)
-            }
+            Some(table) if !table.holds_exactly(endpoints) => *table = assign(table, endpoints, block),
+            Some(_) => {}
             None => {
-                let table = assign(&SlotTable::default(), endpoints, block);
-                let answer = read(&table);
-                slots.insert(backend.to_owned(), table);
-                answer
+                slots.insert(backend.to_owned(), assign(&SlotTable::default(), endpoints, block));
             }
         }
+        let Some(table) = slots.get(backend) else { return read(&assign(&SlotTable::default(), endpoints, block)) };
+        super::memo::record_effect(|| super::memo::Effect::Slots { backend: backend.into(), table: table.clone() });
+        read(table)
     }
 
     /// The server slots after this render.
@@ -365,15 +445,25 @@ impl Shared {
 
     /// Registers a certificate file of this render (the same name twice keeps one).
     pub(crate) fn add_cert(&self, name: String, pem: String) {
+        self.add_cert_file(name, crate::files::RenderedFile::sensitive(pem));
+    }
+
+    fn add_cert_file(&self, name: String, file: crate::files::RenderedFile) {
+        super::memo::record_effect(|| super::memo::Effect::Cert { name: name.clone(), file: file.clone() });
         if let Ok(mut certs) = self.certs.lock() {
-            certs.entry(name).or_insert_with(|| crate::files::RenderedFile::sensitive(pem));
+            certs.entry(name).or_insert(file);
         }
     }
 
     /// Registers a general file of this render (the same name twice keeps one).
     pub(crate) fn add_file(&self, name: String, content: String) {
+        self.add_general_file(name, crate::files::RenderedFile::new(content));
+    }
+
+    fn add_general_file(&self, name: String, file: crate::files::RenderedFile) {
+        super::memo::record_effect(|| super::memo::Effect::File { name: name.clone(), file: file.clone() });
         if let Ok(mut files) = self.files.lock() {
-            files.entry(name).or_insert_with(|| crate::files::RenderedFile::new(content));
+            files.entry(name).or_insert(file);
         }
     }
 
@@ -386,26 +476,135 @@ impl Shared {
     pub(crate) fn certs(&self) -> std::collections::BTreeMap<String, crate::files::RenderedFile> {
         self.certs.lock().map(|certs| certs.clone()).unwrap_or_default()
     }
+
+    /// The blocks this render used, for the next to reuse.
+    pub(crate) fn take_blocks(&self) -> super::memo::Blocks {
+        self.blocks.take_used()
+    }
+
+    /// The shared collector of this name, made on first use.
+    fn collector(&self, name: &str) -> Result<Value, Error> {
+        // Templates ask for tens of thousands of names (a claim per backend and map key):
+        // hashed, and a name's copy made only when it is new.
+        let mut collectors = self.collectors.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
+        if let Some(collector) = collectors.get(name) {
+            return Ok(collector.clone());
+        }
+        let name: Arc<str> = name.into();
+        let collector = Value::from_object(Collector { name: Some(name.clone()), ..Collector::default() });
+        collectors.insert(name, collector.clone());
+        Ok(collector)
+    }
+
+    fn named(&self, name: &str) -> Option<Arc<Collector>> {
+        self.collector(name).ok()?.downcast_object::<Collector>()
+    }
+
+    /// `distinct(collector, attribute, claim_prefix)`: the collector's items ordered by one
+    /// attribute, the first of each value only, and only those whose `claim_prefix ~ value`
+    /// collector this call claims (a backend rendered once whichever loop reaches it first).
+    fn distinct(&self, collector: &str, attribute: &Value, claim_prefix: &str) -> Result<Value, Error> {
+        let sorted = match self.named(collector) {
+            Some(collector) => collector.sorted(attribute, false)?,
+            None => return Ok(Value::from(Vec::<Value>::new())),
+        };
+        let attribute = attribute.as_str().unwrap_or_default();
+        let mut chosen = Vec::new();
+        let mut last: Option<Value> = None;
+        let mut name = String::from(claim_prefix);
+        for item in sorted.try_iter()? {
+            let value = item.get_attr(attribute).unwrap_or_default();
+            if last.as_ref() == Some(&value) {
+                continue;
+            }
+            name.truncate(claim_prefix.len());
+            name.push_str(value.as_str().unwrap_or_default());
+            if self.named(&name).is_some_and(|claimed| claimed.claim()) {
+                chosen.push(item);
+            }
+            last = Some(value);
+        }
+        Ok(Value::from(chosen))
+    }
+}
+
+/// The render as blocks being checked and replayed see it.
+pub(crate) struct RenderNow<'a> {
+    resources: &'a Resources,
+    shared: &'a Shared,
+}
+
+impl super::memo::RenderState for RenderNow<'_> {
+    fn generation(&self, alias: &str) -> Option<u64> {
+        Some(self.resources.store(alias)?.store.generation())
+    }
+
+    fn finds(&self, alias: &str, key: &[String], found: &[super::memo::Identity]) -> bool {
+        self.resources.store(alias).is_some_and(|view| view.finds(key, found))
+    }
+
+    fn claimed(&self, collector: &str) -> bool {
+        // A collector nobody asked for yet is unclaimed: no need to make it to say so.
+        let Ok(collectors) = self.shared.collectors.lock() else { return false };
+        collectors
+            .get(collector)
+            .and_then(|c| c.downcast_object_ref::<Collector>())
+            .is_some_and(|collector| collector.claimed.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn slots_are(&self, backend: &str, table: &crate::plan::slots::SlotTable) -> bool {
+        self.shared.slots.lock().is_ok_and(|slots| slots.get(backend) == Some(table))
+    }
+
+    fn replay(&self, effect: &super::memo::Effect) {
+        use super::memo::Effect;
+        match effect {
+            Effect::Push { collector, value } => {
+                if let Some(collector) = self.shared.named(collector) {
+                    collector.push(value.clone());
+                }
+            }
+            Effect::Claim { collector, .. } => {
+                if let Some(collector) = self.shared.named(collector) {
+                    collector.claim();
+                }
+            }
+            // A block is reused only when the backend's slots are already what it left them
+            // (`slots_are`): nothing to write.
+            Effect::Slots { .. } => {}
+            Effect::File { name, file } => self.shared.add_general_file(name.clone(), file.clone()),
+            Effect::Cert { name, file } => self.shared.add_cert_file(name.clone(), file.clone()),
+        }
+    }
 }
 
 impl Object for Shared {
-    fn call_method(self: &Arc<Self>, _: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+    fn call_method(self: &Arc<Self>, state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
         match (method, args) {
-            ("collector", [name]) => {
-                // Templates ask for tens of thousands of names (a claim per backend and map key):
-                // hashed, and a name's copy made only when it is new.
-                let name = name.as_str().unwrap_or_default();
-                let mut collectors = self.collectors.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
-                if let Some(collector) = collectors.get(name) {
-                    return Ok(collector.clone());
-                }
-                let collector = Value::from_object(Collector::default());
-                collectors.insert(name.to_owned(), collector.clone());
-                Ok(collector)
+            ("collector", [name]) => self.collector(name.as_str().unwrap_or_default()),
+            ("distinct", [collector, attribute, claim_prefix]) => self.distinct(
+                collector.as_str().unwrap_or_default(),
+                attribute,
+                claim_prefix.as_str().unwrap_or_default(),
+            ),
+            ("render_each", [template, items, name, rest @ ..]) if rest.len() <= 1 => {
+                let resources = state.lookup("resources");
+                let resources =
+                    resources.as_ref().and_then(|r| r.downcast_object_ref::<Resources>()).ok_or_else(|| {
+                        Error::new(ErrorKind::InvalidOperation, "render_each needs the render's resources")
+                    })?;
+                let now = RenderNow { resources, shared: self };
+                let template = template.as_str().unwrap_or_default();
+                let name = name.as_str().unwrap_or("item");
+                let lines = super::memo::render_each(state, &self.blocks, &now, template, items, name, rest.first())?;
+                Ok(Value::from_object(lines))
             }
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
-                format!("shared has collector(name); {method} with {} arguments is not one", args.len()),
+                format!(
+                    "shared has collector(name), distinct(collector, attribute, claim_prefix) and render_each(template, items, name, with); {method} with {} arguments is not one",
+                    args.len()
+                ),
             )),
         }
     }
@@ -416,6 +615,9 @@ impl Object for Shared {
 /// would make route tables quadratic in the number of routes.
 #[derive(Debug, Default)]
 pub(crate) struct Collector {
+    /// The name of a shared collector (`shared.collector(name)`), whose pushes and claims a
+    /// block records; none for a template's own.
+    name: Option<Arc<str>>,
     items: std::sync::Mutex<Vec<Value>>,
     claimed: std::sync::atomic::AtomicBool,
     /// `sorted(...)` results by (attribute, reverse), so several files can share one sort.
@@ -424,11 +626,39 @@ pub(crate) struct Collector {
 
 impl Collector {
     fn items(&self) -> Vec<Value> {
+        self.read_by_block();
         self.items.lock().map(|items| items.clone()).unwrap_or_default()
+    }
+
+    /// A block that reads a shared collector's items depends on every push before it, which a
+    /// reused block cannot check: such a block is rendered every time.
+    fn read_by_block(&self) {
+        if self.name.is_some() {
+            super::memo::record_uncacheable();
+        }
+    }
+
+    fn push(&self, value: Value) {
+        if let Some(name) = &self.name {
+            super::memo::record_effect(|| super::memo::Effect::Push { collector: name.clone(), value: value.clone() });
+        }
+        if let Ok(mut items) = self.items.lock() {
+            items.push(value);
+        }
+    }
+
+    /// True for the first caller only.
+    fn claim(&self) -> bool {
+        let won = !self.claimed.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(name) = &self.name {
+            super::memo::record_effect(|| super::memo::Effect::Claim { collector: name.clone(), won });
+        }
+        won
     }
 
     /// The items ordered by one attribute (stable, so equal keys keep their push order).
     fn sorted(&self, attribute: &Value, reverse: bool) -> Result<Value, Error> {
+        self.read_by_block();
         let attribute = attribute
             .as_str()
             .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "sorted(attribute) takes an attribute name"))?
@@ -437,8 +667,9 @@ impl Collector {
         if let Some(done) = cache.get(&(attribute.clone(), reverse)) {
             return Ok(done.clone());
         }
+        let items = self.items.lock().map(|items| items.clone()).unwrap_or_default();
         let mut keyed: Vec<(Value, Value)> =
-            self.items().into_iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item)).collect();
+            items.into_iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item)).collect();
         keyed.sort_by(|(a, _), (b, _)| if reverse { b.cmp(a) } else { a.cmp(b) });
         let sorted = Value::from(keyed.into_iter().map(|(_, item)| item).collect::<Vec<_>>());
         cache.insert((attribute, reverse), sorted.clone());
@@ -458,16 +689,14 @@ impl Object for Collector {
     fn call_method(self: &Arc<Self>, _: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
         match (method, args) {
             ("push", [value]) => {
-                if let Ok(mut items) = self.items.lock() {
-                    items.push(value.clone());
-                }
+                self.push(value.clone());
                 Ok(Value::from(()))
             }
             ("extend", [values]) => {
                 let values =
                     values.try_iter().map_err(|_| Error::new(ErrorKind::InvalidOperation, "extend takes a list"))?;
-                if let Ok(mut items) = self.items.lock() {
-                    items.extend(values);
+                for value in values {
+                    self.push(value);
                 }
                 Ok(Value::from(()))
             }
@@ -475,7 +704,7 @@ impl Object for Collector {
             ("sorted", [attribute]) => self.sorted(attribute, false),
             ("sorted", [attribute, reverse]) => self.sorted(attribute, reverse.is_true()),
             // True for the first caller only: `{% if c.claim() %}fill it{% endif %}`.
-            ("claim", []) => Ok(Value::from(!self.claimed.swap(true, std::sync::atomic::Ordering::Relaxed))),
+            ("claim", []) => Ok(Value::from(self.claim())),
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
                 format!(

@@ -147,6 +147,23 @@ struct Route {
     backend: Value,
     /// Whether its Ingress asks for SSL passthrough (TLS to the Service by SNI, not terminated).
     passthrough: bool,
+    /// Its Ingress's fingerprint with the rule and path indexes: everything above follows from
+    /// them (none when the Ingress has no fingerprint).
+    fingerprint: Option<super::memo::Fingerprint>,
+}
+
+impl super::memo::Fingerprinted for Route {
+    fn feed(&self, digest: &mut super::memo::Digest) -> bool {
+        use std::hash::Hash;
+        let Some(fingerprint) = self.fingerprint else { return false };
+        fingerprint.hash(digest);
+        true
+    }
+}
+
+/// The route's own fingerprint, when the value is a route.
+pub(crate) fn route_fingerprinted(value: &Value) -> Option<&dyn super::memo::Fingerprinted> {
+    value.downcast_object_ref::<Route>().map(|route| route as &dyn super::memo::Fingerprinted)
 }
 
 impl Object for Route {
@@ -225,6 +242,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 key.as_str().is_some_and(|k| k.starts_with("haptic.dev/") || super::annotations::is_setting(k))
             })
         });
+    let ingress_fingerprint = super::memo::fingerprint(ingress);
     let mut routes = Vec::new();
     let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
     for (rule_index, rule) in rules.iter().flat_map(|r| r.try_iter().ok()).flatten().enumerate() {
@@ -263,6 +281,13 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 id: Value::from(id),
                 backend: Value::from(backend),
                 passthrough,
+                fingerprint: ingress_fingerprint.map(|ingress| {
+                    super::memo::combine(|digest| {
+                        use std::hash::Hash;
+                        ingress.hash(digest);
+                        (rule_index, path_index).hash(digest);
+                    })
+                }),
             }));
         }
     }

@@ -16,6 +16,7 @@ pub fn annotation_names(setting: &str) -> Vec<String> {
 mod context;
 pub(crate) mod filters;
 mod library;
+mod memo;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -128,6 +129,9 @@ pub struct Renderer {
     gateway: Option<crate::gateway::GatewaySettings>,
     /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
     gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
+    /// The blocks (`shared.render_each`) the last successful render used, for the next to
+    /// reuse where nothing they read changed.
+    blocks: std::sync::Mutex<Arc<memo::Blocks>>,
 }
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
@@ -362,6 +366,7 @@ impl Renderer {
             slots: Default::default(),
             gateway: spec.gateway_api.clone(),
             gateway_status: Default::default(),
+            blocks: Default::default(),
         })
     }
 
@@ -378,6 +383,11 @@ impl Renderer {
     /// The server slots as the last successful render left them.
     pub fn slots(&self) -> crate::plan::slots::Slots {
         self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
+    }
+
+    /// How many `render_each` blocks the last successful render left for the next to reuse.
+    pub fn blocks_kept(&self) -> usize {
+        self.blocks.lock().map(|blocks| blocks.len()).unwrap_or_default()
     }
 
     /// The Gateway API status the last successful render owes, when the configuration serves
@@ -399,11 +409,13 @@ impl Renderer {
 
     fn render_keeping(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
         context::reset_tracking();
+        memo::reset_recordings();
         let resources = Value::from_object(context::Resources::new(stores));
         // Slots are worked on in a copy and kept only if the whole render succeeds, so a render
         // that fails (or an attempt that leaves an object out) moves no server.
         let slots = self.slots.lock().map(|slots| slots.clone()).unwrap_or_default();
-        let shared = Value::from_object(context::Shared::starting_from(slots));
+        let blocks = self.blocks.lock().map(|blocks| blocks.clone()).unwrap_or_default();
+        let shared = Value::from_object(context::Shared::starting_from(slots, blocks));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
         let gateway = self.gateway.as_ref().map(|settings| {
@@ -443,6 +455,9 @@ impl Renderer {
         }
         if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
             *kept = shared.slots();
+        }
+        if let (Some(shared), Ok(mut kept)) = (shared, self.blocks.lock()) {
+            *kept = Arc::new(shared.take_blocks());
         }
         if let Ok(mut kept) = self.gateway_status.lock() {
             *kept = gateway.map(|model| model.status);

@@ -101,6 +101,16 @@ pub struct ResourceStore {
     // key. A vector, not a map: most groups hold one object (an index by namespace and name),
     // and a B-tree's first node alone would cost each object about 450 bytes.
     index: HashMap<Arc<[String]>, Vec<Arc<StoredObject>>>,
+    /// Which content this is: a number no other content of any store had, taken anew at every
+    /// change, so a renderer can tell "nothing here changed" without looking at the objects.
+    generation: u64,
+}
+
+/// The last generation given to a store's content (see [`ResourceStore::generation`]).
+static LAST_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn next_generation() -> u64 {
+    LAST_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 /// Metadata that changes without the object changing for templates. (`generation` is kept: it
@@ -149,6 +159,7 @@ impl ResourceStore {
             ignore_fields: Vec::new(),
             objects: BTreeMap::new(),
             index: HashMap::new(),
+            generation: next_generation(),
         }
     }
 
@@ -259,7 +270,14 @@ impl ResourceStore {
         })
     }
 
+    /// Which content the store holds: equal generations mean equal content (a clone keeps
+    /// its original's until either changes); every change takes a new one.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
+        self.generation = next_generation();
         self.remove(&key);
         if let Some(index_key) = &stored.index_key {
             let group = self.index.entry(index_key.clone()).or_default();
@@ -313,6 +331,7 @@ impl ResourceStore {
 
     fn remove(&mut self, key: &ObjectKey) -> Option<Arc<StoredObject>> {
         let removed = self.objects.remove(key)?;
+        self.generation = next_generation();
         if let Some(index_key) = &removed.index_key
             && let Some(group) = self.index.get_mut(index_key)
         {

@@ -77,7 +77,10 @@ fn render(c: &mut Criterion) {
     // Twice the routes: two paths per Ingress, one by port number and one by port name.
     render_fleets(c, "full_render_two_paths", &example_config(), 2);
     match chart_config() {
-        Some(config) => render_fleets(c, "chart_library", &config, 1),
+        Some(config) => {
+            render_fleets(c, "chart_library", &config, 1);
+            render_changes(c, &config);
+        }
         None => println!("chart_library: skipped (no Helm at $HAPTIC_HELM or ~/.cache/haptic-env/bin/helm)"),
     }
     // The Gateway API (issue #14): N HTTPRoutes, each with its Service and EndpointSlice.
@@ -85,6 +88,61 @@ fn render(c: &mut Criterion) {
         Some(config) => render_httproutes(c, &config),
         None => println!("gateway_library: skipped (no Helm)"),
     }
+}
+
+/// Incremental rendering (issue #17): one Ingress changed (its path, back and forth), or one
+/// endpoint moved, then a render by the renderer that rendered the fleet before, reusing the
+/// blocks nothing changed for.
+fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
+    let mut group = c.benchmark_group("chart_library_one_change");
+    group.sample_size(20);
+    for count in [1_000usize, 10_000] {
+        let renderer = Renderer::compile(&config.spec).expect("the chart's configuration compiles");
+        let objects = synthetic::ingress_fleet(count);
+        let mut stores = stores_for(config, &objects);
+        let started = std::time::Instant::now();
+        let live = LIVE_BYTES.load(Ordering::Relaxed);
+        let files = renderer.render(&stores, &[]).expect("renders");
+        let kept = LIVE_BYTES.load(Ordering::Relaxed)
+            - live
+            - files.entries().map(|(_, f)| f.content.len() as isize).sum::<isize>();
+        println!(
+            "chart_library_one_change: {count} Ingresses: first render {:.1} ms, {} blocks kept, {:.1} MiB held after it beyond the stores (objects as template values, blocks, slots)",
+            started.elapsed().as_secs_f64() * 1e3,
+            renderer.blocks_kept(),
+            kept as f64 / 1048576.0
+        );
+        drop(files);
+        let middle = count / 2;
+        let mut ingress = objects.iter().filter(|o| o["kind"] == "Ingress").nth(middle).expect("an Ingress").clone();
+        let mut slice = objects.iter().filter(|o| o["kind"] == "EndpointSlice").nth(middle).expect("a slice").clone();
+        let mut flip = false;
+        group.bench_function(BenchmarkId::new("nothing", count), |b| {
+            b.iter(|| black_box(renderer.render(&stores, &[]).expect("renders")));
+        });
+        group.bench_function(BenchmarkId::new("ingress_path", count), |b| {
+            b.iter(|| {
+                flip = !flip;
+                ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] =
+                    if flip { "/moved".into() } else { "/".into() };
+                std::sync::Arc::make_mut(stores.get_mut("ingresses").expect("ingresses"))
+                    .apply(ingress.clone())
+                    .expect("applies");
+                black_box(renderer.render(&stores, &[]).expect("renders"))
+            });
+        });
+        group.bench_function(BenchmarkId::new("endpoint_moved", count), |b| {
+            b.iter(|| {
+                flip = !flip;
+                slice["endpoints"][0]["addresses"][0] = if flip { "198.19.0.1".into() } else { "198.19.0.2".into() };
+                std::sync::Arc::make_mut(stores.get_mut("endpoints").expect("endpoints"))
+                    .apply(slice.clone())
+                    .expect("applies");
+                black_box(renderer.render(&stores, &[]).expect("renders"))
+            });
+        });
+    }
+    group.finish();
 }
 
 fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
@@ -146,8 +204,18 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
         );
         drop(objects);
         group.throughput(Throughput::Elements(count as u64));
+        // A full render: a renderer with no blocks of an earlier render to reuse (compiled
+        // outside the timing), as after a start or a new configuration.
         group.bench_with_input(BenchmarkId::from_parameter(count), &stores, |b, stores| {
-            b.iter(|| black_box(renderer.render(stores, &[]).expect("renders")));
+            b.iter_batched(
+                || Renderer::compile(&config.spec).expect("compiles"),
+                // The renderer is handed back, so its drop (blocks and all) is not timed.
+                |fresh| {
+                    let files = fresh.render(stores, &[]).expect("renders");
+                    black_box((fresh, files))
+                },
+                criterion::BatchSize::PerIteration,
+            );
         });
         plans.push((count, files));
     }

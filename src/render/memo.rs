@@ -1,0 +1,492 @@
+//! Incremental rendering: `render_each(template, items, name, with)` renders a template once
+//! per item, and remembers each block's output together with everything the block read (the
+//! stored objects it looked up, as they were) and did (collector pushes and claims, server
+//! slots, files). The next render reuses a block whose item, inputs and reads are unchanged,
+//! replaying what it did instead of rendering it: a change to one Ingress re-renders the
+//! blocks that read it, not the 10,000 others.
+//!
+//! A block sees only what it is given: `resources`, `extraContext`, `shared`, its item under
+//! `name`, and the entries of `with`. That is what makes its key (template, item, `with`) and
+//! its reads the whole of its inputs. A block that reads what cannot be checked later (a
+//! shared collector's items, which depend on the order of everything before it) is rendered
+//! every time. A reused block gives byte for byte what rendering it would (a property test
+//! holds the incremental render to a full one).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use minijinja::value::{Value, ValueKind};
+use minijinja::{Error, ErrorKind, State};
+
+use crate::files::{Checksum, RenderedFile};
+use crate::plan::slots::SlotTable;
+
+/// A 128-bit digest of a value, a block's item or its key: equal values, equal fingerprints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Fingerprint(u128);
+
+/// Two SipHash streams, differently salted, for 128 bits (a 64-bit key among tens of thousands
+/// of blocks per render, render after render, is too near a collision to trust).
+pub(crate) struct Digest(std::collections::hash_map::DefaultHasher, std::collections::hash_map::DefaultHasher);
+
+impl Digest {
+    fn new() -> Self {
+        let mut second = std::collections::hash_map::DefaultHasher::new();
+        second.write_u64(0x9e37_79b9_7f4a_7c15);
+        Self(std::collections::hash_map::DefaultHasher::new(), second)
+    }
+
+    fn finish(&self) -> Fingerprint {
+        Fingerprint((u128::from(self.0.finish()) << 64) | u128::from(self.1.finish()))
+    }
+}
+
+impl Hasher for Digest {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+        self.1.write(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+}
+
+/// What stands for a stored object in a fingerprint or a read: its content checksum (noise
+/// left out) and the fingerprint of its ignored fields, which templates can still read.
+pub(crate) type Identity = (Checksum, Option<std::num::NonZeroU64>);
+
+/// Values that fingerprint as something other than their plain content.
+pub(crate) trait Fingerprinted {
+    /// Feeds the value's identity; false when it has none that can be trusted across renders.
+    fn feed(&self, digest: &mut Digest) -> bool;
+}
+
+/// The fingerprint of a value: strings (with whether a filter vetted them), numbers, lists and
+/// maps by content; stored objects and routes by their identity. `None` for what has no
+/// identity across renders (collectors, the shared state, functions).
+pub(crate) fn fingerprint(value: &Value) -> Option<Fingerprint> {
+    let mut digest = Digest::new();
+    feed(value, &mut digest, 0).then(|| digest.finish())
+}
+
+/// The fingerprint of parts already fingerprinted (a route of an Ingress of some identity).
+pub(crate) fn combine(parts: impl FnOnce(&mut Digest)) -> Fingerprint {
+    let mut digest = Digest::new();
+    parts(&mut digest);
+    digest.finish()
+}
+
+fn feed(value: &Value, digest: &mut Digest, depth: usize) -> bool {
+    if depth > 64 {
+        return false;
+    }
+    if value.as_object().is_some() {
+        if let Some(known) = super::context::fingerprinted(value) {
+            digest.write_u8(10);
+            return known.feed(digest);
+        }
+        if let Some(lines) = value.downcast_object_ref::<super::library::VettedLines>() {
+            digest.write_u8(11);
+            lines.0.hash(digest);
+            return true;
+        }
+        // haptic's own live objects (the stores, the shared state, collectors, settings) have
+        // no content to fingerprint; lists and maps (minijinja's, or parts of stored objects)
+        // are fingerprinted by their entries below.
+        if super::context::is_live(value) || value.downcast_object_ref::<super::annotations::Settings>().is_some() {
+            return false;
+        }
+    }
+    match value.kind() {
+        ValueKind::Undefined => digest.write_u8(0),
+        ValueKind::None => digest.write_u8(1),
+        ValueKind::Bool => {
+            digest.write_u8(2);
+            value.is_true().hash(digest);
+        }
+        ValueKind::Number => {
+            digest.write_u8(3);
+            value.hash(digest);
+        }
+        ValueKind::String => {
+            digest.write_u8(4);
+            value.is_safe().hash(digest);
+            value.as_str().unwrap_or_default().hash(digest);
+        }
+        ValueKind::Bytes => {
+            digest.write_u8(5);
+            value.as_bytes().unwrap_or_default().hash(digest);
+        }
+        ValueKind::Seq => {
+            digest.write_u8(6);
+            let Ok(items) = value.try_iter() else { return false };
+            for item in items {
+                if !feed(&item, digest, depth + 1) {
+                    return false;
+                }
+            }
+            digest.write_u8(0xff);
+        }
+        ValueKind::Map => {
+            digest.write_u8(7);
+            let Ok(keys) = value.try_iter() else { return false };
+            for key in keys {
+                let Ok(item) = value.get_item(&key) else { return false };
+                if !feed(&key, digest, depth + 1) || !feed(&item, digest, depth + 1) {
+                    return false;
+                }
+            }
+            digest.write_u8(0xff);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// A store generation that a check may move forward in place (blocks are shared, immutable
+/// otherwise).
+#[derive(Debug, Default)]
+pub(crate) struct AtomicGeneration(std::sync::atomic::AtomicU64);
+
+impl AtomicGeneration {
+    /// A generation.
+    pub(crate) fn new(generation: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(generation))
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set(&self, generation: u64) {
+        self.0.store(generation, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clone for AtomicGeneration {
+    fn clone(&self) -> Self {
+        Self::new(self.get())
+    }
+}
+
+/// Something a block read, with what it found, to be checked before the block is reused.
+#[derive(Clone, Debug)]
+pub(crate) enum Read {
+    /// `resources.<alias>.get(...)` or `fetch(...)`: the objects found under an index key.
+    Lookup {
+        /// The store's alias.
+        alias: Arc<str>,
+        /// The store's generation when the lookup last found the same: the same one now needs
+        /// no second look (moved forward in place when a later check finds the same again).
+        generation: AtomicGeneration,
+        /// The index key looked up (the store's own copy when it found something).
+        key: Arc<[String]>,
+        /// Who was found, in order.
+        found: Box<[Identity]>,
+    },
+    /// Every object of a store (`list()`, a loop over it).
+    Whole {
+        /// The store's alias.
+        alias: Arc<str>,
+        /// The store's generation then.
+        generation: u64,
+    },
+}
+
+/// Something a block did to the render's shared state, replayed when the block is reused.
+#[derive(Clone, Debug)]
+pub(crate) enum Effect {
+    /// A value pushed onto a shared collector.
+    Push {
+        /// The collector's name.
+        collector: Arc<str>,
+        /// The value.
+        value: Value,
+    },
+    /// A shared collector claimed, and whether this block was first.
+    Claim {
+        /// The collector's name.
+        collector: Arc<str>,
+        /// True when the claim was won.
+        won: bool,
+    },
+    /// A backend's server slots, as the block left them (its lines printed from them).
+    Slots {
+        /// The backend.
+        backend: Arc<str>,
+        /// The table after the block.
+        table: SlotTable,
+    },
+    /// A general file registered (`ca_file`).
+    File {
+        /// Its name.
+        name: String,
+        /// Its content.
+        file: RenderedFile,
+    },
+    /// A certificate registered (`tls_certificate`).
+    Cert {
+        /// Its name.
+        name: String,
+        /// Its content.
+        file: RenderedFile,
+    },
+}
+
+/// What one block read and did while it was rendered.
+#[derive(Debug, Default)]
+struct Recording {
+    reads: Vec<Read>,
+    effects: Vec<Effect>,
+    /// False once the block read something that cannot be checked later.
+    cacheable: bool,
+}
+
+thread_local! {
+    /// The blocks being rendered, innermost last. Renders are synchronous on one thread.
+    static RECORDINGS: RefCell<Vec<Recording>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether a block is being rendered (so reads and effects must be recorded).
+pub(crate) fn recording() -> bool {
+    RECORDINGS.with(|recordings| !recordings.borrow().is_empty())
+}
+
+/// Notes a read of the block being rendered, if any.
+pub(crate) fn record_read(read: impl FnOnce() -> Read) {
+    RECORDINGS.with(|recordings| {
+        if let Some(recording) = recordings.borrow_mut().last_mut() {
+            recording.reads.push(read());
+        }
+    });
+}
+
+/// Notes an effect of the block being rendered, if any.
+pub(crate) fn record_effect(effect: impl FnOnce() -> Effect) {
+    RECORDINGS.with(|recordings| {
+        if let Some(recording) = recordings.borrow_mut().last_mut() {
+            recording.effects.push(effect());
+        }
+    });
+}
+
+/// Marks the block being rendered, if any, as one to render every time.
+pub(crate) fn record_uncacheable() {
+    RECORDINGS.with(|recordings| {
+        if let Some(recording) = recordings.borrow_mut().last_mut() {
+            recording.cacheable = false;
+        }
+    });
+}
+
+/// Forgets any recording a failed render left behind.
+pub(crate) fn reset_recordings() {
+    RECORDINGS.with(|recordings| recordings.borrow_mut().clear());
+}
+
+/// A rendered block: its output, and what it read and did.
+#[derive(Debug)]
+pub(crate) struct Block {
+    reads: Vec<Read>,
+    effects: Vec<Effect>,
+    output: Arc<str>,
+}
+
+/// Keys are fingerprints already: hashing them again would be wasted work.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 << 8) | u64::from(*byte);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0 = value as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type BlockMap = HashMap<Fingerprint, Arc<Block>, BuildHasherDefault<KeyHasher>>;
+
+/// The blocks one successful render used, which the next render may reuse.
+#[derive(Debug, Default)]
+pub(crate) struct Blocks(BlockMap);
+
+impl Blocks {
+    /// How many blocks are kept.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// One render's view of the blocks: those the last render used, and those this one uses (which
+/// replace them if this render is kept).
+#[derive(Debug, Default)]
+pub(crate) struct RenderBlocks {
+    previous: Arc<Blocks>,
+    used: Mutex<BlockMap>,
+}
+
+impl RenderBlocks {
+    /// A render that may reuse `previous`.
+    pub(crate) fn reusing(previous: Arc<Blocks>) -> Self {
+        let used = BlockMap::with_capacity_and_hasher(previous.0.len(), Default::default());
+        Self { previous, used: Mutex::new(used) }
+    }
+
+    /// The blocks this render used, to be reused by the next.
+    pub(crate) fn take_used(&self) -> Blocks {
+        Blocks(self.used.lock().map(|mut used| std::mem::take(&mut *used)).unwrap_or_default())
+    }
+
+    fn find(&self, key: Fingerprint) -> Option<Arc<Block>> {
+        if let Some(block) = self.previous.0.get(&key) {
+            return Some(block.clone());
+        }
+        self.used.lock().ok()?.get(&key).cloned()
+    }
+
+    fn keep(&self, key: Fingerprint, block: Arc<Block>) {
+        if let Ok(mut used) = self.used.lock() {
+            used.insert(key, block);
+        }
+    }
+}
+
+/// What checking and replaying a block needs of the render: the stores as they are now, and
+/// the shared state to replay effects into.
+pub(crate) trait RenderState {
+    /// The generation of a store now (`None`: no such alias).
+    fn generation(&self, alias: &str) -> Option<u64>;
+    /// Whether a store holds exactly `found` under an index key now.
+    fn finds(&self, alias: &str, key: &[String], found: &[Identity]) -> bool;
+    /// Whether a shared collector is claimed already.
+    fn claimed(&self, collector: &str) -> bool;
+    /// Whether a backend's server slots are `table` now.
+    fn slots_are(&self, backend: &str, table: &SlotTable) -> bool;
+    /// Replays one effect.
+    fn replay(&self, effect: &Effect);
+}
+
+/// Whether `block`'s reads still find what they found, and its claims and slots would come out
+/// the same. A lookup whose store moved on but still finds the same objects notes the store's
+/// generation now, so the next check is quick.
+fn still_valid(block: &Block, now: &dyn RenderState) -> bool {
+    for read in &block.reads {
+        match read {
+            Read::Whole { alias, generation } => {
+                if now.generation(alias) != Some(*generation) {
+                    return false;
+                }
+            }
+            Read::Lookup { alias, generation, key, found } => {
+                let Some(current) = now.generation(alias) else { return false };
+                if current == generation.get() {
+                    continue;
+                }
+                if !now.finds(alias, key, found) {
+                    return false;
+                }
+                generation.set(current);
+            }
+        }
+    }
+    block.effects.iter().all(|effect| match effect {
+        Effect::Claim { collector, won } => now.claimed(collector) != *won,
+        Effect::Slots { backend, table } => now.slots_are(backend, table),
+        _ => true,
+    })
+}
+
+/// `render_each(template, items, name, with)`: the template rendered once per item (the item
+/// as `name`, `with`'s entries beside it), the outputs joined; each block reused from the last
+/// render when nothing it read or was given changed.
+pub(crate) fn render_each(
+    state: &State,
+    blocks: &RenderBlocks,
+    now: &dyn RenderState,
+    template: &str,
+    items: &Value,
+    name: &str,
+    with: Option<&Value>,
+) -> Result<super::library::VettedLines, Error> {
+    let compiled = state.env().get_template(template)?;
+    let with_fingerprint = match with {
+        Some(with) => fingerprint(with),
+        None => Some(combine(|_| {})),
+    };
+    let mut context: BTreeMap<String, Value> = BTreeMap::new();
+    for global in ["resources", "extraContext", "shared"] {
+        if let Some(value) = state.lookup(global) {
+            context.insert(global.to_owned(), value);
+        }
+    }
+    if let Some(with) = with.filter(|with| !with.is_undefined() && !with.is_none()) {
+        let keys = with.try_iter().map_err(|_| {
+            Error::new(ErrorKind::InvalidOperation, "render_each: `with` is a map of the values the blocks are given")
+        })?;
+        for key in keys {
+            let Some(text) = key.as_str() else { continue };
+            context.insert(text.to_owned(), with.get_item(&key)?);
+        }
+    }
+    let items = items
+        .try_iter()
+        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "render_each: items is a list to render a block for"))?;
+    let mut output = String::new();
+    for item in items {
+        let key = with_fingerprint.zip(fingerprint(&item)).map(|(with, item)| {
+            combine(|digest| {
+                template.hash(digest);
+                name.hash(digest);
+                with.hash(digest);
+                item.hash(digest);
+            })
+        });
+        if let Some(key) = key
+            && let Some(block) = blocks.find(key)
+            && still_valid(&block, now)
+        {
+            for effect in &block.effects {
+                now.replay(effect);
+            }
+            output.push_str(&block.output);
+            hand_to_parent(&block);
+            blocks.keep(key, block);
+            continue;
+        }
+        context.insert(name.to_owned(), item);
+        RECORDINGS.with(|recordings| recordings.borrow_mut().push(Recording { cacheable: true, ..Default::default() }));
+        let rendered = compiled.render(&context);
+        let recording = RECORDINGS.with(|recordings| recordings.borrow_mut().pop()).unwrap_or_default();
+        let rendered = rendered?;
+        output.push_str(&rendered);
+        let block = Arc::new(Block { reads: recording.reads, effects: recording.effects, output: rendered.into() });
+        hand_to_parent(&block);
+        if !recording.cacheable {
+            record_uncacheable();
+        } else if let Some(key) = key {
+            blocks.keep(key, block);
+        }
+    }
+    Ok(super::library::VettedLines(output))
+}
+
+/// A block's reads and effects become its enclosing block's too, when blocks nest.
+fn hand_to_parent(block: &Block) {
+    RECORDINGS.with(|recordings| {
+        if let Some(parent) = recordings.borrow_mut().last_mut() {
+            parent.reads.extend(block.reads.iter().cloned());
+            parent.effects.extend(block.effects.iter().cloned());
+        }
+    });
+}
