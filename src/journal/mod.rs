@@ -14,6 +14,7 @@ mod records;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sled::Transactional;
@@ -521,11 +522,11 @@ impl Journal {
             let mut all = self.legacy_slots(config);
             for (backend, table) in changes {
                 match table {
-                    Some(table) => all.insert(backend.clone(), table.clone()),
+                    Some(table) => all.insert(backend.clone(), Arc::new(table.clone())),
                     None => all.remove(backend),
                 };
             }
-            merged = all.into_iter().map(|(backend, table)| (backend, Some(table))).collect();
+            merged = all.into_iter().map(|(backend, table)| (backend, Some(Arc::unwrap_or_clone(table)))).collect();
             merged.as_slice()
         } else {
             changes
@@ -564,7 +565,7 @@ impl Journal {
             });
             match decoded {
                 Ok(record) => {
-                    slots.insert(backend, crate::plan::slots::SlotTable { slots: record.slots });
+                    slots.insert(backend, Arc::new(crate::plan::slots::SlotTable { slots: record.slots }));
                 }
                 Err(error) => {
                     error!(dir = %self.dir.display(), config, backend, %error,
@@ -584,7 +585,7 @@ impl Journal {
             Ok(record) => record
                 .backends
                 .into_iter()
-                .map(|(backend, slots)| (backend, crate::plan::slots::SlotTable { slots }))
+                .map(|(backend, slots)| (backend, Arc::new(crate::plan::slots::SlotTable { slots })))
                 .collect(),
             Err(error) => {
                 error!(dir = %self.dir.display(), config, %error, "server slots unreadable; assigning afresh");
@@ -1103,11 +1104,12 @@ mod tests {
         }
         let (journal, report) = Journal::open(&path, 10).unwrap();
         assert_eq!(report.moved_aside, None);
-        let both: Slots = [("be_api".to_owned(), api.clone()), ("be_web".to_owned(), web.clone())].into();
+        let both: Slots =
+            [("be_api".to_owned(), Arc::new(api.clone())), ("be_web".to_owned(), Arc::new(web.clone()))].into();
         assert_eq!(journal.slots("haptic/web"), both);
         // Only what changed is written; a backend gone is removed.
         journal.put_slot_changes("haptic/web", &[("be_api".into(), None)]).unwrap();
-        assert_eq!(journal.slots("haptic/web"), [("be_web".to_owned(), web.clone())].into());
+        assert_eq!(journal.slots("haptic/web"), [("be_web".to_owned(), Arc::new(web.clone()))].into());
         journal.backend_slots.insert(backend_slots_key("haptic/web", "be_web"), &[6u8, 1, 0, 0xff][..]).unwrap();
         assert!(journal.slots("haptic/web").is_empty(), "an unreadable record means assigning afresh");
         assert_eq!(journal.slots("haptic/web2").len(), 1);
@@ -1124,13 +1126,17 @@ mod tests {
         let legacy =
             SlotsV1 { backends: vec![("be_api".into(), api.slots.clone()), ("be_web".into(), web.slots.clone())] };
         journal.slots.insert(b"haptic/web", codec::encode(RecordKind::Slots, 1, &legacy).unwrap()).unwrap();
-        let both: Slots = [("be_api".to_owned(), api.clone()), ("be_web".to_owned(), web.clone())].into();
+        let both: Slots =
+            [("be_api".to_owned(), Arc::new(api.clone())), ("be_web".to_owned(), Arc::new(web.clone()))].into();
         assert_eq!(journal.slots("haptic/web"), both);
         // One backend changes: the other, unchanged, is carried over before the record goes.
         let moved = SlotTable { slots: vec![Some(("10.0.0.4".into(), 8080)), None] };
         journal.put_slot_changes("haptic/web", &[("be_web".into(), Some(moved.clone()))]).unwrap();
         assert!(journal.slots.get(b"haptic/web").unwrap().is_none(), "the whole record is gone");
-        assert_eq!(journal.slots("haptic/web"), [("be_api".to_owned(), api), ("be_web".to_owned(), moved)].into());
+        assert_eq!(
+            journal.slots("haptic/web"),
+            [("be_api".to_owned(), Arc::new(api)), ("be_web".to_owned(), Arc::new(moved))].into()
+        );
     }
 
     #[test]

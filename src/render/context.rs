@@ -427,10 +427,10 @@ impl Shared {
         use crate::plan::slots::{SlotTable, assign};
         let Ok(mut slots) = self.slots.lock() else { return read(&assign(&SlotTable::default(), endpoints, block)) };
         match slots.get_mut(backend) {
-            Some(table) if !table.holds_exactly(endpoints) => *table = assign(table, endpoints, block),
+            Some(table) if !table.holds_exactly(endpoints) => *table = Arc::new(assign(table, endpoints, block)),
             Some(_) => {}
             None => {
-                slots.insert(backend.to_owned(), assign(&SlotTable::default(), endpoints, block));
+                slots.insert(backend.to_owned(), Arc::new(assign(&SlotTable::default(), endpoints, block)));
             }
         }
         let Some(table) = slots.get(backend) else { return read(&assign(&SlotTable::default(), endpoints, block)) };
@@ -484,13 +484,18 @@ impl Shared {
 
     /// The shared collector of this name, made on first use.
     fn collector(&self, name: &str) -> Result<Value, Error> {
+        self.collector_named(name, || name.into())
+    }
+
+    /// The shared collector of this name, made on first use under the name `owned` gives.
+    fn collector_named(&self, name: &str, owned: impl FnOnce() -> Arc<str>) -> Result<Value, Error> {
         // Templates ask for tens of thousands of names (a claim per backend and map key):
         // hashed, and a name's copy made only when it is new.
         let mut collectors = self.collectors.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
         if let Some(collector) = collectors.get(name) {
             return Ok(collector.clone());
         }
-        let name: Arc<str> = name.into();
+        let name = owned();
         let collector = Value::from_object(Collector { name: Some(name.clone()), ..Collector::default() });
         collectors.insert(name, collector.clone());
         Ok(collector)
@@ -498,6 +503,11 @@ impl Shared {
 
     fn named(&self, name: &str) -> Option<Arc<Collector>> {
         self.collector(name).ok()?.downcast_object::<Collector>()
+    }
+
+    /// As `named`, the name already shared (a replayed effect's): no copy of it is made.
+    fn named_shared(&self, name: &Arc<str>) -> Option<Arc<Collector>> {
+        self.collector_named(name, || name.clone()).ok()?.downcast_object::<Collector>()
     }
 
     /// `distinct(collector, attribute, claim_prefix)`: the collector's items ordered by one
@@ -539,6 +549,10 @@ impl super::memo::RenderState for RenderNow<'_> {
         Some(self.resources.store(alias)?.store.generation())
     }
 
+    fn untouched_since(&self, alias: &str, generation: u64, key: &[String]) -> Option<bool> {
+        self.resources.store(alias)?.store.untouched_since(generation, key)
+    }
+
     fn finds(&self, alias: &str, key: &[String], found: &[super::memo::Identity]) -> bool {
         self.resources.store(alias).is_some_and(|view| view.finds(key, found))
     }
@@ -552,20 +566,23 @@ impl super::memo::RenderState for RenderNow<'_> {
             .is_some_and(|collector| collector.claimed.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    fn slots_are(&self, backend: &str, table: &crate::plan::slots::SlotTable) -> bool {
-        self.shared.slots.lock().is_ok_and(|slots| slots.get(backend) == Some(table))
+    fn slots_are(&self, backend: &str, table: &Arc<crate::plan::slots::SlotTable>) -> bool {
+        self.shared
+            .slots
+            .lock()
+            .is_ok_and(|slots| slots.get(backend).is_some_and(|now| Arc::ptr_eq(now, table) || now == table))
     }
 
     fn replay(&self, effect: &super::memo::Effect) {
         use super::memo::Effect;
         match effect {
             Effect::Push { collector, value } => {
-                if let Some(collector) = self.shared.named(collector) {
+                if let Some(collector) = self.shared.named_shared(collector) {
                     collector.push(value.clone());
                 }
             }
             Effect::Claim { collector, .. } => {
-                if let Some(collector) = self.shared.named(collector) {
+                if let Some(collector) = self.shared.named_shared(collector) {
                     collector.claim();
                 }
             }

@@ -218,7 +218,7 @@ pub(crate) enum Effect {
         /// The backend.
         backend: Arc<str>,
         /// The table after the block.
-        table: SlotTable,
+        table: Arc<SlotTable>,
     },
     /// A general file registered (`ca_file`).
     File {
@@ -367,12 +367,14 @@ impl RenderBlocks {
 pub(crate) trait RenderState {
     /// The generation of a store now (`None`: no such alias).
     fn generation(&self, alias: &str) -> Option<u64>;
+    /// Whether no change since `generation` touched an index key of a store (`None`: unknown).
+    fn untouched_since(&self, alias: &str, generation: u64, key: &[String]) -> Option<bool>;
     /// Whether a store holds exactly `found` under an index key now.
     fn finds(&self, alias: &str, key: &[String], found: &[Identity]) -> bool;
     /// Whether a shared collector is claimed already.
     fn claimed(&self, collector: &str) -> bool;
     /// Whether a backend's server slots are `table` now.
-    fn slots_are(&self, backend: &str, table: &SlotTable) -> bool;
+    fn slots_are(&self, backend: &str, table: &Arc<SlotTable>) -> bool;
     /// Replays one effect.
     fn replay(&self, effect: &Effect);
 }
@@ -393,7 +395,9 @@ fn still_valid(block: &Block, now: &dyn RenderState) -> bool {
                 if current == generation.get() {
                     continue;
                 }
-                if !now.finds(alias, key, found) {
+                // The store's recent history usually says the key was not touched; a key that
+                // was may still hold the same objects.
+                if now.untouched_since(alias, generation.get(), key) != Some(true) && !now.finds(alias, key, found) {
                     return false;
                 }
                 generation.set(current);
@@ -442,13 +446,18 @@ pub(crate) fn render_each(
     let items = items
         .try_iter()
         .map_err(|_| Error::new(ErrorKind::InvalidOperation, "render_each: items is a list to render a block for"))?;
+    let prefix = with_fingerprint.map(|with| {
+        combine(|digest| {
+            template.hash(digest);
+            name.hash(digest);
+            with.hash(digest);
+        })
+    });
     let mut output = String::new();
     for item in items {
-        let key = with_fingerprint.zip(fingerprint(&item)).map(|(with, item)| {
+        let key = prefix.zip(fingerprint(&item)).map(|(prefix, item)| {
             combine(|digest| {
-                template.hash(digest);
-                name.hash(digest);
-                with.hash(digest);
+                prefix.hash(digest);
                 item.hash(digest);
             })
         });

@@ -104,7 +104,23 @@ pub struct ResourceStore {
     /// Which content this is: a number no other content of any store had, taken anew at every
     /// change, so a renderer can tell "nothing here changed" without looking at the objects.
     generation: u64,
+    /// The last changes, newest last: which generation each replaced, which it made, and the
+    /// index key it touched, so a reader can tell a key untouched since a generation without
+    /// looking it up; each change's generation is the next one's `before`, so the history is a
+    /// chain back from the current generation. A clone shares the chain up to its own first
+    /// change.
+    recent: std::collections::VecDeque<StoreChange>,
 }
+
+/// One change of a store's content (see [`ResourceStore::untouched_since`]).
+#[derive(Debug, Clone)]
+struct StoreChange {
+    before: u64,
+    key: Option<Arc<[String]>>,
+}
+
+/// How many changes a store remembers.
+const RECENT_CHANGES: usize = 256;
 
 /// The last generation given to a store's content (see [`ResourceStore::generation`]).
 static LAST_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -160,6 +176,7 @@ impl ResourceStore {
             objects: BTreeMap::new(),
             index: HashMap::new(),
             generation: next_generation(),
+            recent: std::collections::VecDeque::new(),
         }
     }
 
@@ -276,9 +293,36 @@ impl ResourceStore {
         self.generation
     }
 
-    fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
+    /// Whether no change since `generation` (one this store's content had) touched the objects
+    /// under the index key `key`: `None` when the store does not remember back that far (or
+    /// never had that generation: a clone that went its own way).
+    pub fn untouched_since(&self, generation: u64, key: &[String]) -> Option<bool> {
+        if generation == self.generation {
+            return Some(true);
+        }
+        let mut touched = false;
+        for change in self.recent.iter().rev() {
+            touched |= change.key.as_deref() == Some(key);
+            if change.before == generation {
+                return Some(!touched);
+            }
+        }
+        None
+    }
+
+    /// A change: a new generation, remembered with the index key it touched.
+    fn changed(&mut self, key: Option<Arc<[String]>>) {
+        let before = self.generation;
         self.generation = next_generation();
+        if self.recent.len() == RECENT_CHANGES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(StoreChange { before, key });
+    }
+
+    fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
         self.remove(&key);
+        self.changed(stored.index_key.clone());
         if let Some(index_key) = &stored.index_key {
             let group = self.index.entry(index_key.clone()).or_default();
             // `remove` above took out any object of this key: the place is free.
@@ -331,7 +375,7 @@ impl ResourceStore {
 
     fn remove(&mut self, key: &ObjectKey) -> Option<Arc<StoredObject>> {
         let removed = self.objects.remove(key)?;
-        self.generation = next_generation();
+        self.changed(removed.index_key.clone());
         if let Some(index_key) = &removed.index_key
             && let Some(group) = self.index.get_mut(index_key)
         {
@@ -372,6 +416,33 @@ mod tests {
                             "managedFields": [{"manager": "kubectl"}],
                             "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
                "spec": {"ports": [{"port": port}]}})
+    }
+
+    #[test]
+    fn a_store_says_which_keys_its_recent_changes_touched_and_not_for_another_lineage() {
+        let mut store = store();
+        store.apply(service("shop", "web", 80, "1")).unwrap();
+        let before = store.generation();
+        let web = ["shop".to_owned(), "web".to_owned()];
+        let api = ["shop".to_owned(), "api".to_owned()];
+        store.apply(service("shop", "api", 80, "1")).unwrap();
+        store.apply(service("shop", "api", 81, "2")).unwrap();
+        assert_ne!(store.generation(), before);
+        assert_eq!(store.untouched_since(before, &web), Some(true));
+        assert_eq!(store.untouched_since(before, &api), Some(false));
+        assert_eq!(store.untouched_since(store.generation(), &api), Some(true));
+        // Nothing changed: the generation stays.
+        let now = store.generation();
+        store.apply(service("shop", "api", 81, "3")).unwrap();
+        assert_eq!(store.generation(), now);
+        // A clone that went its own way: its generations are not this store's.
+        let mut other = store.clone();
+        other.apply(service("shop", "web", 90, "4")).unwrap();
+        store.delete(&ObjectKey { namespace: "shop".into(), name: "api".into() });
+        assert_eq!(store.untouched_since(other.generation(), &web), None);
+        assert_eq!(other.untouched_since(now, &web), Some(false));
+        assert_eq!(store.untouched_since(now, &web), Some(true));
+        assert_eq!(store.untouched_since(now, &api), Some(false));
     }
 
     #[test]
