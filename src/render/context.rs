@@ -438,9 +438,9 @@ impl Shared {
         read(table)
     }
 
-    /// The server slots after this render.
-    pub(crate) fn slots(&self) -> crate::plan::slots::Slots {
-        self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
+    /// The server slots after this render, taken (the render is over: nothing assigns more).
+    pub(crate) fn take_slots(&self) -> crate::plan::slots::Slots {
+        self.slots.lock().map(|mut slots| std::mem::take(&mut *slots)).unwrap_or_default()
     }
 
     /// Registers a certificate file of this render (the same name twice keeps one).

@@ -454,7 +454,7 @@ impl Renderer {
             return Ok(FileSet { haproxy_cfg, maps, files, certs });
         }
         if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
-            *kept = shared.slots();
+            *kept = shared.take_slots();
         }
         if let (Some(shared), Ok(mut kept)) = (shared, self.blocks.lock()) {
             *kept = Arc::new(shared.take_blocks());
