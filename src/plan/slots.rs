@@ -78,9 +78,8 @@ pub type Slots = BTreeMap<String, std::sync::Arc<SlotTable>>;
 pub fn changes(previous: &Slots, current: &Slots) -> Vec<(String, Option<SlotTable>)> {
     let changed = current
         .iter()
-        .filter(|(backend, table)| {
-            previous.get(*backend).is_none_or(|before| !std::sync::Arc::ptr_eq(before, table) && before != *table)
-        })
+        // `Arc`'s equality of `Eq` contents answers at once for the same table.
+        .filter(|(backend, table)| previous.get(*backend) != Some(*table))
         .map(|(backend, table)| (backend.clone(), Some(SlotTable::clone(table))));
     let gone = previous.keys().filter(|backend| !current.contains_key(*backend)).map(|backend| (backend.clone(), None));
     let mut all: Vec<_> = changed.chain(gone).collect();

@@ -151,9 +151,7 @@ impl Resources {
             .collect();
         Self { views }
     }
-}
 
-impl Resources {
     fn store(&self, alias: &str) -> Option<&StoreView> {
         self.views.get(alias)?.downcast_object_ref::<StoreView>()
     }
@@ -179,31 +177,27 @@ pub(crate) struct StoreView {
 }
 
 impl StoreView {
-    /// Notes, for the block being rendered, that it read the whole store.
+    /// Notes, for the block being rendered (if any), that it read the whole store.
     fn record_whole(&self) {
-        if super::memo::recording() {
-            super::memo::record_read(|| super::memo::Read::Whole {
-                alias: self.alias.clone(),
-                generation: self.store.generation(),
-            });
-        }
+        super::memo::record_read(|| super::memo::Read::Whole {
+            alias: self.alias.clone(),
+            generation: self.store.generation(),
+        });
     }
 
-    /// Notes, for the block being rendered, what a lookup found.
+    /// Notes, for the block being rendered (if any), what a lookup found.
     fn record_lookup(&self, key: &[String]) {
-        if super::memo::recording() {
-            super::memo::record_read(|| {
-                let found: Vec<_> = self.store.lookup(key).collect();
-                // The store's own copy of the key, when it has one: no second copy per block.
-                let key = found.first().and_then(|object| object.index_key.clone()).unwrap_or_else(|| key.into());
-                super::memo::Read::Lookup {
-                    alias: self.alias.clone(),
-                    generation: super::memo::AtomicGeneration::new(self.store.generation()),
-                    key,
-                    found: found.iter().map(|object| (object.content, object.ignored)).collect(),
-                }
-            });
-        }
+        super::memo::record_read(|| {
+            let found: Vec<_> = self.store.lookup(key).collect();
+            // The store's own copy of the key, when it has one: no second copy per block.
+            let key = found.first().and_then(|object| object.index_key.clone()).unwrap_or_else(|| key.into());
+            super::memo::Read::Lookup {
+                alias: self.alias.clone(),
+                generation: super::memo::AtomicGeneration::new(self.store.generation()),
+                key,
+                found: found.iter().map(|object| (object.content, object.ignored)).collect(),
+            }
+        });
     }
 
     /// Whether the store holds exactly `found` under `key`.
@@ -570,7 +564,8 @@ impl super::memo::RenderState for RenderNow<'_> {
         self.shared
             .slots
             .lock()
-            .is_ok_and(|slots| slots.get(backend).is_some_and(|now| Arc::ptr_eq(now, table) || now == table))
+            // `Arc`'s equality of `Eq` contents answers at once for the same table.
+            .is_ok_and(|slots| slots.get(backend) == Some(table))
     }
 
     fn replay(&self, effect: &super::memo::Effect) {

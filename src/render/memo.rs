@@ -250,12 +250,7 @@ thread_local! {
     static RECORDINGS: RefCell<Vec<Recording>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether a block is being rendered (so reads and effects must be recorded).
-pub(crate) fn recording() -> bool {
-    RECORDINGS.with(|recordings| !recordings.borrow().is_empty())
-}
-
-/// Notes a read of the block being rendered, if any.
+/// Notes a read of the block being rendered, if any (`read` runs only then).
 pub(crate) fn record_read(read: impl FnOnce() -> Read) {
     RECORDINGS.with(|recordings| {
         if let Some(recording) = recordings.borrow_mut().last_mut() {
