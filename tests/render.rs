@@ -363,3 +363,25 @@ fn server_slots_keep_every_endpoints_name_across_renders_and_only_a_successful_r
     let again = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13", "10.0.1.14", "10.0.1.15"]);
     assert_eq!(shop_servers(&again), shop_servers(&grown));
 }
+
+#[test]
+fn a_reused_block_inside_a_block_hands_its_effects_on_once() {
+    // Blocks nest: an outer block's reuse replays what its inner blocks did. Each inner push
+    // must reach the outer block's record once, or every reuse of it pushes more.
+    let config = config_with(|c| {
+        let templates = &mut c.spec.templates;
+        templates
+            .snippets
+            .insert("outer".into(), r#"{{ shared.render_each("snippets/inner", ["a", "b"], "x") }}"#.into());
+        templates.snippets.insert("inner".into(), r#"{% set _ = shared.collector("seen").push(x) %}"#.into());
+        templates.haproxy_config.push_str(
+            "\n{{ shared.render_each(\"snippets/outer\", [1, 2], \"n\") }}# seen {{ shared.collector(\"seen\").items() | length }}\n",
+        );
+    });
+    let renderer = Renderer::compile(&config.spec).unwrap();
+    let stores = haptic::offline::build_stores(&config.spec, &example_objects()).unwrap();
+    for render in 1..=3 {
+        let files = renderer.render(&stores, &[]).unwrap();
+        assert!(files.haproxy_cfg.content.contains("# seen 4\n"), "render {render}: {}", files.haproxy_cfg.content);
+    }
+}

@@ -186,9 +186,8 @@ impl StoreView {
     }
 
     /// Notes, for the block being rendered (if any), what a lookup found.
-    fn record_lookup(&self, key: &[String]) {
+    fn record_lookup(&self, key: &[String], found: &[&Arc<StoredObject>]) {
         super::memo::record_read(|| {
-            let found: Vec<_> = self.store.lookup(key).collect();
             // The store's own copy of the key, when it has one: no second copy per block.
             let key = found.first().and_then(|object| object.index_key.clone()).unwrap_or_else(|| key.into());
             super::memo::Read::Lookup {
@@ -264,27 +263,29 @@ impl Object for StoreView {
             "list" => Ok(self.all()),
             "fetch" => {
                 let key = self.index_key(method, args)?;
-                self.record_lookup(&key);
-                Ok(Value::from(self.store.lookup(&key).map(|object| template_value(object)).collect::<Vec<_>>()))
+                let found: Vec<_> = self.store.lookup(&key).collect();
+                self.record_lookup(&key, &found);
+                Ok(Value::from(found.into_iter().map(|object| template_value(object)).collect::<Vec<_>>()))
             }
             "get" => {
+                // One lookup serves the answer and the block's record of it (a render makes
+                // one per Ingress and per backend).
                 let key = self.index_key(method, args)?;
-                self.record_lookup(&key);
-                let mut found = self.store.lookup(&key);
-                let first = found.next();
-                if let Some(second) = found.next() {
-                    let first = first.map(|o| o.reference.to_string()).unwrap_or_default();
+                let found: Vec<_> = self.store.lookup(&key).collect();
+                self.record_lookup(&key, &found);
+                if let [first, second, ..] = found.as_slice() {
                     return Err(Error::new(
                         ErrorKind::InvalidOperation,
                         format!(
-                            "resources.{}.get({}) matches more than one object ({first}, {}, ...); use fetch",
+                            "resources.{}.get({}) matches more than one object ({}, {}, ...); use fetch",
                             self.alias,
                             key.join(", "),
+                            first.reference,
                             second.reference
                         ),
                     ));
                 }
-                Ok(first.map(|object| template_value(object)).unwrap_or(Value::from(())))
+                Ok(found.first().map(|object| template_value(object)).unwrap_or(Value::from(())))
             }
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
@@ -382,11 +383,18 @@ fn template_value(object: &StoredObject) -> Value {
     })
 }
 
+/// Maps by name that templates fill by the tens of thousands per render.
+type Names<V> = std::collections::HashMap<Arc<str>, V, foldhash::quality::RandomState>;
+
 /// `shared`: state that lives for one render and is seen by every template of it, so work
 /// done for one file (a route table, say) is not redone for the next.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    collectors: std::sync::Mutex<std::collections::HashMap<Arc<str>, Value>>,
+    collectors: std::sync::Mutex<Names<Arc<Collector>>>,
+    /// Claims replayed by reused blocks on collectors no template asked for yet: a claim is
+    /// only a name, and a collector object made for each of a render's ~20,000 claims was a
+    /// tenth of a render that reused every block. A collector made later starts claimed.
+    replayed_claims: std::sync::Mutex<std::collections::HashSet<Arc<str>, foldhash::quality::RandomState>>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// General files registered by functions (`ca_file(...)`), by file name.
@@ -401,7 +409,14 @@ impl Shared {
     /// Shared state for a render that starts from these server slots and may reuse these
     /// blocks.
     pub(crate) fn starting_from(slots: crate::plan::slots::Slots, blocks: Arc<super::memo::Blocks>) -> Self {
+        // About as many names as the last render's blocks: sized once, not grown by rehashing.
+        let expected = blocks.len();
         Self {
+            collectors: std::sync::Mutex::new(Names::with_capacity_and_hasher(expected, Default::default())),
+            replayed_claims: std::sync::Mutex::new(std::collections::HashSet::with_capacity_and_hasher(
+                expected,
+                Default::default(),
+            )),
             slots: std::sync::Mutex::new(slots),
             blocks: super::memo::RenderBlocks::reusing(blocks),
             ..Self::default()
@@ -444,6 +459,10 @@ impl Shared {
 
     fn add_cert_file(&self, name: String, file: crate::files::RenderedFile) {
         super::memo::record_effect(|| super::memo::Effect::Cert { name: name.clone(), file: file.clone() });
+        self.keep_cert_file(name, file);
+    }
+
+    fn keep_cert_file(&self, name: String, file: crate::files::RenderedFile) {
         if let Ok(mut certs) = self.certs.lock() {
             certs.entry(name).or_insert(file);
         }
@@ -456,6 +475,10 @@ impl Shared {
 
     fn add_general_file(&self, name: String, file: crate::files::RenderedFile) {
         super::memo::record_effect(|| super::memo::Effect::File { name: name.clone(), file: file.clone() });
+        self.keep_general_file(name, file);
+    }
+
+    fn keep_general_file(&self, name: String, file: crate::files::RenderedFile) {
         if let Ok(mut files) = self.files.lock() {
             files.entry(name).or_insert(file);
         }
@@ -477,41 +500,49 @@ impl Shared {
     }
 
     /// The shared collector of this name, made on first use.
-    fn collector(&self, name: &str) -> Result<Value, Error> {
+    fn collector(&self, name: &str) -> Result<Arc<Collector>, Error> {
         self.collector_named(name, || name.into())
     }
 
     /// The shared collector of this name, made on first use under the name `owned` gives.
-    fn collector_named(&self, name: &str, owned: impl FnOnce() -> Arc<str>) -> Result<Value, Error> {
+    fn collector_named(&self, name: &str, owned: impl FnOnce() -> Arc<str>) -> Result<Arc<Collector>, Error> {
         // Templates ask for tens of thousands of names (a claim per backend and map key):
         // hashed, and a name's copy made only when it is new.
         let mut collectors = self.collectors.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
         if let Some(collector) = collectors.get(name) {
             return Ok(collector.clone());
         }
+        let claimed = self.replayed_claims.lock().is_ok_and(|claims| claims.contains(name));
         let name = owned();
-        let collector = Value::from_object(Collector { name: Some(name.clone()), ..Collector::default() });
+        let collector = Arc::new(Collector {
+            name: Some(name.clone()),
+            claimed: std::sync::atomic::AtomicBool::new(claimed),
+            ..Collector::default()
+        });
         collectors.insert(name, collector.clone());
         Ok(collector)
     }
 
-    fn named(&self, name: &str) -> Option<Arc<Collector>> {
-        self.collector(name).ok()?.downcast_object::<Collector>()
-    }
-
-    /// As `named`, the name already shared (a replayed effect's): no copy of it is made.
-    fn named_shared(&self, name: &Arc<str>) -> Option<Arc<Collector>> {
-        self.collector_named(name, || name.clone()).ok()?.downcast_object::<Collector>()
+    /// A claim replayed from a reused block: the collector's if it exists, else the name's.
+    fn replay_claim(&self, name: &Arc<str>) {
+        let Ok(collectors) = self.collectors.lock() else { return };
+        match collectors.get(name) {
+            Some(collector) => {
+                collector.claimed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            None => {
+                if let Ok(mut claims) = self.replayed_claims.lock() {
+                    claims.insert(name.clone());
+                }
+            }
+        }
     }
 
     /// `distinct(collector, attribute, claim_prefix)`: the collector's items ordered by one
     /// attribute, the first of each value only, and only those whose `claim_prefix ~ value`
     /// collector this call claims (a backend rendered once whichever loop reaches it first).
     fn distinct(&self, collector: &str, attribute: &Value, claim_prefix: &str) -> Result<Value, Error> {
-        let sorted = match self.named(collector) {
-            Some(collector) => collector.sorted(attribute, false)?,
-            None => return Ok(Value::from(Vec::<Value>::new())),
-        };
+        let sorted = self.collector(collector)?.sorted(attribute, false)?;
         let attribute = attribute.as_str().unwrap_or_default();
         let mut chosen = Vec::new();
         let mut last: Option<Value> = None;
@@ -523,7 +554,7 @@ impl Shared {
             }
             name.truncate(claim_prefix.len());
             name.push_str(value.as_str().unwrap_or_default());
-            if self.named(&name).is_some_and(|claimed| claimed.claim()) {
+            if self.collector(&name)?.claim() {
                 chosen.push(item);
             }
             last = Some(value);
@@ -552,12 +583,13 @@ impl super::memo::RenderState for RenderNow<'_> {
     }
 
     fn claimed(&self, collector: &str) -> bool {
-        // A collector nobody asked for yet is unclaimed: no need to make it to say so.
+        // A collector nobody asked for yet is unclaimed unless a reused block claimed its name:
+        // no need to make it to say so.
         let Ok(collectors) = self.shared.collectors.lock() else { return false };
-        collectors
-            .get(collector)
-            .and_then(|c| c.downcast_object_ref::<Collector>())
-            .is_some_and(|collector| collector.claimed.load(std::sync::atomic::Ordering::Relaxed))
+        match collectors.get(collector) {
+            Some(collector) => collector.claimed.load(std::sync::atomic::Ordering::Relaxed),
+            None => self.shared.replayed_claims.lock().is_ok_and(|claims| claims.contains(collector)),
+        }
     }
 
     fn slots_are(&self, backend: &str, table: &Arc<crate::plan::slots::SlotTable>) -> bool {
@@ -571,21 +603,21 @@ impl super::memo::RenderState for RenderNow<'_> {
     fn replay(&self, effect: &super::memo::Effect) {
         use super::memo::Effect;
         match effect {
+            // Replayed without recording: the block's effects reach an enclosing block, if any,
+            // as the block's own (`memo::render_each` hands them on), not a second time here.
             Effect::Push { collector, value } => {
-                if let Some(collector) = self.shared.named_shared(collector) {
-                    collector.push(value.clone());
+                if let Ok(collector) = self.shared.collector_named(collector, || collector.clone())
+                    && let Ok(mut items) = collector.items.lock()
+                {
+                    items.push(value.clone());
                 }
             }
-            Effect::Claim { collector, .. } => {
-                if let Some(collector) = self.shared.named_shared(collector) {
-                    collector.claim();
-                }
-            }
+            Effect::Claim { collector, .. } => self.shared.replay_claim(collector),
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
             Effect::Slots { .. } => {}
-            Effect::File { name, file } => self.shared.add_general_file(name.clone(), file.clone()),
-            Effect::Cert { name, file } => self.shared.add_cert_file(name.clone(), file.clone()),
+            Effect::File { name, file } => self.shared.keep_general_file(name.clone(), file.clone()),
+            Effect::Cert { name, file } => self.shared.keep_cert_file(name.clone(), file.clone()),
         }
     }
 }
@@ -593,7 +625,7 @@ impl super::memo::RenderState for RenderNow<'_> {
 impl Object for Shared {
     fn call_method(self: &Arc<Self>, state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
         match (method, args) {
-            ("collector", [name]) => self.collector(name.as_str().unwrap_or_default()),
+            ("collector", [name]) => self.collector(name.as_str().unwrap_or_default()).map(Value::from_dyn_object),
             ("distinct", [collector, attribute, claim_prefix]) => self.distinct(
                 collector.as_str().unwrap_or_default(),
                 attribute,

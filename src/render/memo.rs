@@ -27,15 +27,22 @@ use crate::plan::slots::SlotTable;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Fingerprint(u128);
 
-/// Two SipHash streams, differently salted, for 128 bits (a 64-bit key among tens of thousands
-/// of blocks per render, render after render, is too near a collision to trust).
-pub(crate) struct Digest(std::collections::hash_map::DefaultHasher, std::collections::hash_map::DefaultHasher);
+/// Two foldhash streams with different random seeds, for 128 bits (a 64-bit key among tens of
+/// thousands of blocks per render, render after render, is too near a collision to trust).
+/// Seeded once per process: fingerprints never leave it, and values from the cluster cannot be
+/// chosen to collide without the seeds. foldhash, not SipHash: keys are a tenth of a reused
+/// block's cost, and SipHash was most of that.
+pub(crate) struct Digest(foldhash::quality::FoldHasher<'static>, foldhash::quality::FoldHasher<'static>);
+
+/// The two streams' seeds, drawn at the first fingerprint.
+static DIGEST_SEEDS: std::sync::OnceLock<(foldhash::quality::RandomState, foldhash::quality::RandomState)> =
+    std::sync::OnceLock::new();
 
 impl Digest {
     fn new() -> Self {
-        let mut second = std::collections::hash_map::DefaultHasher::new();
-        second.write_u64(0x9e37_79b9_7f4a_7c15);
-        Self(std::collections::hash_map::DefaultHasher::new(), second)
+        use std::hash::BuildHasher;
+        let (first, second) = DIGEST_SEEDS.get_or_init(Default::default);
+        Self(first.build_hasher(), second.build_hasher())
     }
 
     fn finish(&self) -> Fingerprint {
@@ -47,6 +54,26 @@ impl Hasher for Digest {
     fn write(&mut self, bytes: &[u8]) {
         self.0.write(bytes);
         self.1.write(bytes);
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        self.0.write_u8(value);
+        self.1.write_u8(value);
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0.write_u64(value);
+        self.1.write_u64(value);
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0.write_u128(value);
+        self.1.write_u128(value);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.0.write_usize(value);
+        self.1.write_usize(value);
     }
 
     fn finish(&self) -> u64 {
