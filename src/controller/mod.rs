@@ -207,7 +207,7 @@ pub async fn run(
     };
     let mut deployer: Option<deploy::Deployer> = None;
     let config_key = format!("{}/{}", options.namespace, options.name);
-    let mut saved_slots = crate::plan::slots::Slots::default();
+    let mut saved_slots = Arc::new(crate::plan::slots::Slots::default());
     let mut last_render: Option<(crate::files::FileSet, Option<TraceParent>)> = None;
     // What the last render of a configuration version left out (unserved: their Ingress status
     // is not ours to write), and the Ingresses whose ignored fields changed since the last
@@ -320,7 +320,7 @@ pub async fn run(
                                 let key = config_key.clone();
                                 let slots = crate::journal::on_blocking_pool(journal, move |j| Ok(j.slots(&key))).await;
                                 // What the journal holds: the first render writes only what it changes.
-                                saved_slots = slots.unwrap_or_default();
+                                saved_slots = Arc::new(slots.unwrap_or_default());
                                 next.renderer.seed_slots(saved_slots.clone());
                             }
                             (None, None) => {}

@@ -383,6 +383,53 @@ fn template_value(object: &StoredObject) -> Value {
     })
 }
 
+/// A shared collector's items ordered by an attribute: (collector, attribute, reverse).
+type SortedKey = (Arc<str>, String, bool);
+
+/// The items a sorted view was made from, and the view.
+#[derive(Debug)]
+pub(crate) struct SortedView {
+    items: Vec<Value>,
+    sorted: Value,
+}
+
+/// Sorted views of shared collectors by what they sort.
+pub(crate) type SortedViews = std::collections::HashMap<SortedKey, SortedView, foldhash::quality::RandomState>;
+
+/// The last kept render's sorted views, and this render's. A view whose collector holds the
+/// same items as last time (the same objects: a reused block pushes the very values it pushed
+/// before, so comparing them is a pointer compare each) is not sorted again: sorting 10,000
+/// routes by backend and by path length was a tenth of a render that reused every block.
+#[derive(Debug, Default)]
+pub(crate) struct SortedCarry {
+    before: Arc<SortedViews>,
+    now: std::sync::Mutex<SortedViews>,
+}
+
+/// Whether two lists hold the same items. Routes and stored objects compare by address first:
+/// minijinja's own equality of two objects tries them as numbers first (an error formatted
+/// for each), which cost more than the sort it spares.
+fn same_items(before: &[Value], now: &[Value]) -> bool {
+    fn address(value: &Value) -> Option<*const ()> {
+        if let Some(route) = value.downcast_object_ref::<super::library::Route>() {
+            return Some(std::ptr::from_ref(route).cast());
+        }
+        value.downcast_object_ref::<TrackedObject>().map(|object| std::ptr::from_ref(object).cast())
+    }
+    before.len() == now.len()
+        && before.iter().zip(now).all(|(before, now)| match (address(before), address(now)) {
+            (Some(before), Some(now)) if before == now => true,
+            _ => before == now,
+        })
+}
+
+/// How many collectors and claimed names a render made.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NameCounts {
+    collectors: usize,
+    claimed_names: usize,
+}
+
 /// Maps by name that templates fill by the tens of thousands per render.
 type Names<V> = std::collections::HashMap<Arc<str>, V, foldhash::quality::RandomState>;
 
@@ -391,16 +438,22 @@ type Names<V> = std::collections::HashMap<Arc<str>, V, foldhash::quality::Random
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     collectors: std::sync::Mutex<Names<Arc<Collector>>>,
-    /// Claims replayed by reused blocks on collectors no template asked for yet: a claim is
-    /// only a name, and a collector object made for each of a render's ~20,000 claims was a
-    /// tenth of a render that reused every block. A collector made later starts claimed.
-    replayed_claims: std::sync::Mutex<std::collections::HashSet<Arc<str>, foldhash::quality::RandomState>>,
+    /// Names claimed with no collector made for them (claims replayed by reused blocks, and
+    /// `distinct`'s): a claim is only a name, and a collector object made for each of a
+    /// render's ~20,000 claims was a tenth of a render that reused every block. A collector
+    /// made later for such a name starts claimed.
+    claimed_names: std::sync::Mutex<std::collections::HashSet<Arc<str>, foldhash::quality::RandomState>>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// General files registered by functions (`ca_file(...)`), by file name.
     files: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
-    /// Server slots of every backend, as this render assigns them.
-    slots: std::sync::Mutex<crate::plan::slots::Slots>,
+    /// Server slots of every backend as the last kept render left them: shared, not copied
+    /// (10,000 backends' names copied at every render was 3% of a render that reused all).
+    slots_before: Arc<crate::plan::slots::Slots>,
+    /// Sorted views of shared collectors, the last kept render's and this one's.
+    sorted_views: Arc<SortedCarry>,
+    /// The backends whose slots this render assigned anew, over `slots_before`.
+    slots_assigned: std::sync::Mutex<crate::plan::slots::Slots>,
     /// The blocks of `render_each` this render may reuse, and those it uses.
     blocks: super::memo::RenderBlocks,
 }
@@ -408,16 +461,21 @@ pub(crate) struct Shared {
 impl Shared {
     /// Shared state for a render that starts from these server slots and may reuse these
     /// blocks.
-    pub(crate) fn starting_from(slots: crate::plan::slots::Slots, blocks: Arc<super::memo::Blocks>) -> Self {
-        // About as many names as the last render's blocks: sized once, not grown by rehashing.
-        let expected = blocks.len();
+    pub(crate) fn starting_from(
+        slots: Arc<crate::plan::slots::Slots>,
+        blocks: Arc<super::memo::Blocks>,
+        sorted_before: Arc<SortedViews>,
+        expected: NameCounts,
+    ) -> Self {
+        // As many names as the last render had: sized once, not grown by rehashing.
         Self {
-            collectors: std::sync::Mutex::new(Names::with_capacity_and_hasher(expected, Default::default())),
-            replayed_claims: std::sync::Mutex::new(std::collections::HashSet::with_capacity_and_hasher(
-                expected,
+            collectors: std::sync::Mutex::new(Names::with_capacity_and_hasher(expected.collectors, Default::default())),
+            claimed_names: std::sync::Mutex::new(std::collections::HashSet::with_capacity_and_hasher(
+                expected.claimed_names,
                 Default::default(),
             )),
-            slots: std::sync::Mutex::new(slots),
+            slots_before: slots,
+            sorted_views: Arc::new(SortedCarry { before: sorted_before, now: Default::default() }),
             blocks: super::memo::RenderBlocks::reusing(blocks),
             ..Self::default()
         }
@@ -434,22 +492,44 @@ impl Shared {
         read: impl FnOnce(&crate::plan::slots::SlotTable) -> R,
     ) -> R {
         use crate::plan::slots::{SlotTable, assign};
-        let Ok(mut slots) = self.slots.lock() else { return read(&assign(&SlotTable::default(), endpoints, block)) };
-        match slots.get_mut(backend) {
-            Some(table) if !table.holds_exactly(endpoints) => *table = Arc::new(assign(table, endpoints, block)),
-            Some(_) => {}
-            None => {
-                slots.insert(backend.to_owned(), Arc::new(assign(&SlotTable::default(), endpoints, block)));
+        let table = {
+            let Ok(mut assigned) = self.slots_assigned.lock() else {
+                return read(&assign(&SlotTable::default(), endpoints, block));
+            };
+            match self.table_in(&assigned, backend) {
+                Some(table) if table.holds_exactly(endpoints) => table.clone(),
+                current => {
+                    let table =
+                        Arc::new(assign(current.map_or(&SlotTable::default(), |table| table), endpoints, block));
+                    assigned.insert(backend.to_owned(), table.clone());
+                    table
+                }
             }
-        }
-        let Some(table) = slots.get(backend) else { return read(&assign(&SlotTable::default(), endpoints, block)) };
+        };
         super::memo::record_effect(|| super::memo::Effect::Slots { backend: backend.into(), table: table.clone() });
-        read(table)
+        read(&table)
     }
 
-    /// The server slots after this render, taken (the render is over: nothing assigns more).
-    pub(crate) fn take_slots(&self) -> crate::plan::slots::Slots {
-        self.slots.lock().map(|mut slots| std::mem::take(&mut *slots)).unwrap_or_default()
+    /// A backend's slots now: as this render assigned them, else as they were.
+    fn table_in<'a>(
+        &'a self,
+        assigned: &'a crate::plan::slots::Slots,
+        backend: &str,
+    ) -> Option<&'a Arc<crate::plan::slots::SlotTable>> {
+        assigned.get(backend).or_else(|| self.slots_before.get(backend))
+    }
+
+    /// The server slots after this render (the render is over: nothing assigns more). The
+    /// same tables as before, not a copy, when no backend's endpoints moved.
+    pub(crate) fn take_slots(&self) -> Arc<crate::plan::slots::Slots> {
+        let assigned =
+            self.slots_assigned.lock().map(|mut assigned| std::mem::take(&mut *assigned)).unwrap_or_default();
+        if assigned.is_empty() {
+            return self.slots_before.clone();
+        }
+        let mut slots = crate::plan::slots::Slots::clone(&self.slots_before);
+        slots.extend(assigned);
+        Arc::new(slots)
     }
 
     /// Registers a certificate file of this render (the same name twice keeps one).
@@ -512,10 +592,11 @@ impl Shared {
         if let Some(collector) = collectors.get(name) {
             return Ok(collector.clone());
         }
-        let claimed = self.replayed_claims.lock().is_ok_and(|claims| claims.contains(name));
+        let claimed = self.claimed_names.lock().is_ok_and(|claims| claims.contains(name));
         let name = owned();
         let collector = Arc::new(Collector {
             name: Some(name.clone()),
+            sorted_views: Some(self.sorted_views.clone()),
             claimed: std::sync::atomic::AtomicBool::new(claimed),
             ..Collector::default()
         });
@@ -523,18 +604,26 @@ impl Shared {
         Ok(collector)
     }
 
-    /// A claim replayed from a reused block: the collector's if it exists, else the name's.
-    fn replay_claim(&self, name: &Arc<str>) {
-        let Ok(collectors) = self.collectors.lock() else { return };
+    /// Claims a name: the collector's, if one was made, else the name alone. True for the
+    /// first claim only.
+    fn claim_name(&self, name: &str, owned: impl FnOnce() -> Arc<str>) -> bool {
+        let Ok(collectors) = self.collectors.lock() else { return false };
         match collectors.get(name) {
-            Some(collector) => {
-                collector.claimed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            None => {
-                if let Ok(mut claims) = self.replayed_claims.lock() {
-                    claims.insert(name.clone());
-                }
-            }
+            Some(collector) => !collector.claimed.swap(true, std::sync::atomic::Ordering::Relaxed),
+            None => self.claimed_names.lock().is_ok_and(|mut claims| !claims.contains(name) && claims.insert(owned())),
+        }
+    }
+
+    /// The sorted views of shared collectors this render made or found unchanged, for the next.
+    pub(crate) fn take_sorted_views(&self) -> SortedViews {
+        self.sorted_views.now.lock().map(|mut now| std::mem::take(&mut *now)).unwrap_or_default()
+    }
+
+    /// How many names this render made, for the next to size its maps by.
+    pub(crate) fn name_counts(&self) -> NameCounts {
+        NameCounts {
+            collectors: self.collectors.lock().map(|collectors| collectors.len()).unwrap_or_default(),
+            claimed_names: self.claimed_names.lock().map(|claims| claims.len()).unwrap_or_default(),
         }
     }
 
@@ -554,7 +643,9 @@ impl Shared {
             }
             name.truncate(claim_prefix.len());
             name.push_str(value.as_str().unwrap_or_default());
-            if self.collector(&name)?.claim() {
+            let won = self.claim_name(&name, || name.as_str().into());
+            super::memo::record_effect(|| super::memo::Effect::Claim { collector: name.as_str().into(), won });
+            if won {
                 chosen.push(item);
             }
             last = Some(value);
@@ -588,16 +679,13 @@ impl super::memo::RenderState for RenderNow<'_> {
         let Ok(collectors) = self.shared.collectors.lock() else { return false };
         match collectors.get(collector) {
             Some(collector) => collector.claimed.load(std::sync::atomic::Ordering::Relaxed),
-            None => self.shared.replayed_claims.lock().is_ok_and(|claims| claims.contains(collector)),
+            None => self.shared.claimed_names.lock().is_ok_and(|claims| claims.contains(collector)),
         }
     }
 
     fn slots_are(&self, backend: &str, table: &Arc<crate::plan::slots::SlotTable>) -> bool {
-        self.shared
-            .slots
-            .lock()
-            // `Arc`'s equality of `Eq` contents answers at once for the same table.
-            .is_ok_and(|slots| slots.get(backend) == Some(table))
+        // `Arc`'s equality of `Eq` contents answers at once for the same table.
+        self.shared.slots_assigned.lock().is_ok_and(|assigned| self.shared.table_in(&assigned, backend) == Some(table))
     }
 
     fn replay(&self, effect: &super::memo::Effect) {
@@ -612,7 +700,9 @@ impl super::memo::RenderState for RenderNow<'_> {
                     items.push(value.clone());
                 }
             }
-            Effect::Claim { collector, .. } => self.shared.replay_claim(collector),
+            Effect::Claim { collector, .. } => {
+                self.shared.claim_name(collector, || collector.clone());
+            }
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
             Effect::Slots { .. } => {}
@@ -666,6 +756,8 @@ pub(crate) struct Collector {
     claimed: std::sync::atomic::AtomicBool,
     /// `sorted(...)` results by (attribute, reverse), so several files can share one sort.
     sorted: std::sync::Mutex<std::collections::BTreeMap<(String, bool), Value>>,
+    /// A shared collector's link to the sorted views carried between renders.
+    sorted_views: Option<Arc<SortedCarry>>,
 }
 
 impl Collector {
@@ -712,10 +804,25 @@ impl Collector {
             return Ok(done.clone());
         }
         let items = self.items.lock().map(|items| items.clone()).unwrap_or_default();
-        let mut keyed: Vec<(Value, Value)> =
-            items.into_iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item)).collect();
-        keyed.sort_by(|(a, _), (b, _)| if reverse { b.cmp(a) } else { a.cmp(b) });
-        let sorted = Value::from(keyed.into_iter().map(|(_, item)| item).collect::<Vec<_>>());
+        let carried = self.name.as_ref().zip(self.sorted_views.as_ref());
+        let key = carried.map(|(name, _)| (name.clone(), attribute.clone(), reverse));
+        let unchanged = carried.zip(key.as_ref()).and_then(|((_, views), key)| {
+            views.before.get(key).filter(|view| same_items(&view.items, &items)).map(|view| view.sorted.clone())
+        });
+        let sorted = match unchanged {
+            Some(sorted) => sorted,
+            None => {
+                let mut keyed: Vec<(Value, Value)> =
+                    items.iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item.clone())).collect();
+                keyed.sort_by(|(a, _), (b, _)| if reverse { b.cmp(a) } else { a.cmp(b) });
+                Value::from(keyed.into_iter().map(|(_, item)| item).collect::<Vec<_>>())
+            }
+        };
+        if let (Some((_, views)), Some(key)) = (carried, key)
+            && let Ok(mut now) = views.now.lock()
+        {
+            now.insert(key, SortedView { items, sorted: sorted.clone() });
+        }
         cache.insert((attribute, reverse), sorted.clone());
         Ok(sorted)
     }

@@ -131,7 +131,7 @@ fn stored_slice_endpoints(members: &[(Arc<str>, Node)], wanted: Option<&str>, fo
 
 /// One (rule, path) of an Ingress, as `ingress_routes(...)` gives it.
 #[derive(Debug)]
-struct Route {
+pub(crate) struct Route {
     namespace: Value,
     ingress: Value,
     host: Value,

@@ -29,9 +29,10 @@ pub(crate) struct Fingerprint(u128);
 
 /// Two foldhash streams with different random seeds, for 128 bits (a 64-bit key among tens of
 /// thousands of blocks per render, render after render, is too near a collision to trust).
-/// Seeded once per process: fingerprints never leave it, and values from the cluster cannot be
-/// chosen to collide without the seeds. foldhash, not SipHash: keys are a tenth of a reused
-/// block's cost, and SipHash was most of that.
+/// Seeded at random once per process, and fingerprints never leave it: values from the cluster
+/// cannot be aimed at a collision without seeds nothing reveals (SipHash with its fixed keys,
+/// before, was no stronger against that). foldhash, not SipHash: a reused block's key was a
+/// fifth of its cost, SipHash most of that.
 pub(crate) struct Digest(foldhash::quality::FoldHasher<'static>, foldhash::quality::FoldHasher<'static>);
 
 /// The two streams' seeds, drawn at the first fingerprint.

@@ -124,7 +124,7 @@ pub struct Renderer {
     extra_context: Value,
     /// Server slots as the last successful render left them: `server_slots(...)` keeps each
     /// endpoint's server name from one render to the next (see `plan::slots`).
-    slots: std::sync::Mutex<crate::plan::slots::Slots>,
+    slots: std::sync::Mutex<Arc<crate::plan::slots::Slots>>,
     /// The Gateway API settings, when the configuration serves it.
     gateway: Option<crate::gateway::GatewaySettings>,
     /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
@@ -132,6 +132,11 @@ pub struct Renderer {
     /// The blocks (`shared.render_each`) the last successful render used, for the next to
     /// reuse where nothing they read changed.
     blocks: std::sync::Mutex<Arc<memo::Blocks>>,
+    /// The sorted views of shared collectors the last successful render made, reused by the
+    /// next where a collector holds the same items.
+    sorted_views: std::sync::Mutex<Arc<context::SortedViews>>,
+    /// How many shared names the last successful render made, to size the next one's maps.
+    name_counts: std::sync::Mutex<context::NameCounts>,
 }
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
@@ -367,12 +372,14 @@ impl Renderer {
             gateway: spec.gateway_api.clone(),
             gateway_status: Default::default(),
             blocks: Default::default(),
+            name_counts: Default::default(),
+            sorted_views: Default::default(),
         })
     }
 
     /// Starts from these server slots (as a journal recorded them), unless slots were assigned
     /// already.
-    pub fn seed_slots(&self, slots: crate::plan::slots::Slots) {
+    pub fn seed_slots(&self, slots: Arc<crate::plan::slots::Slots>) {
         if let Ok(mut kept) = self.slots.lock()
             && kept.is_empty()
         {
@@ -381,7 +388,7 @@ impl Renderer {
     }
 
     /// The server slots as the last successful render left them.
-    pub fn slots(&self) -> crate::plan::slots::Slots {
+    pub fn slots(&self) -> Arc<crate::plan::slots::Slots> {
         self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
     }
 
@@ -415,7 +422,9 @@ impl Renderer {
         // that fails (or an attempt that leaves an object out) moves no server.
         let slots = self.slots.lock().map(|slots| slots.clone()).unwrap_or_default();
         let blocks = self.blocks.lock().map(|blocks| blocks.clone()).unwrap_or_default();
-        let shared = Value::from_object(context::Shared::starting_from(slots, blocks));
+        let names = self.name_counts.lock().map(|counts| *counts).unwrap_or_default();
+        let sorted_views = self.sorted_views.lock().map(|views| views.clone()).unwrap_or_default();
+        let shared = Value::from_object(context::Shared::starting_from(slots, blocks, sorted_views, names));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
         let gateway = self.gateway.as_ref().map(|settings| {
@@ -458,6 +467,12 @@ impl Renderer {
         }
         if let (Some(shared), Ok(mut kept)) = (shared, self.blocks.lock()) {
             *kept = Arc::new(shared.take_blocks());
+        }
+        if let (Some(shared), Ok(mut kept)) = (shared, self.sorted_views.lock()) {
+            *kept = Arc::new(shared.take_sorted_views());
+        }
+        if let (Some(shared), Ok(mut kept)) = (shared, self.name_counts.lock()) {
+            *kept = shared.name_counts();
         }
         if let Ok(mut kept) = self.gateway_status.lock() {
             *kept = gateway.map(|model| model.status);
