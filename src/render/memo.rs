@@ -340,48 +340,122 @@ impl Hasher for KeyHasher {
 
 type BlockMap = HashMap<Fingerprint, Arc<Block>, BuildHasherDefault<KeyHasher>>;
 
-/// The blocks one successful render used, which the next render may reuse.
+/// One `render_each` call's blocks, in the order it rendered them.
+type Run = Vec<(Fingerprint, Arc<Block>)>;
+
+/// A `render_each` call within a render: the fingerprint of its template, name and `with`, and
+/// how many calls with that fingerprint came before it in the render.
+type Call = (Fingerprint, usize);
+
+/// How far past its place in the last render's order an item's block is looked for: an item
+/// added or removed moves the rest by one, a changed item is a block of its own.
+const LOOKAHEAD: usize = 4;
+
+/// The blocks one successful render used, by the call that rendered them, which the next
+/// render may reuse.
 #[derive(Debug, Default)]
-pub(crate) struct Blocks(BlockMap);
+pub(crate) struct Blocks(HashMap<Call, Run, BuildHasherDefault<CallHasher>>);
 
 impl Blocks {
     /// How many blocks are kept.
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.0.values().map(Vec::len).sum()
+    }
+}
+
+/// A call's fingerprint is a hash already; its count is mixed in.
+#[derive(Default)]
+struct CallHasher(u64);
+
+impl Hasher for CallHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0 ^= value as u64;
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.0 = self.0.rotate_left(5) ^ value as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
 /// One render's view of the blocks: those the last render used, and those this one uses (which
-/// replace them if this render is kept).
+/// replace them if this render is kept). A call finds its blocks in the order it rendered them
+/// last time, without hashing; only a call the last render did not make looks blocks up by key.
 #[derive(Debug, Default)]
 pub(crate) struct RenderBlocks {
     previous: Arc<Blocks>,
-    used: Mutex<BlockMap>,
+    /// Every previous block by key, made the first time a call has no run of its own.
+    by_key: std::sync::OnceLock<BlockMap>,
+    /// How many calls with each fingerprint this render made so far.
+    calls: Mutex<HashMap<Fingerprint, usize, BuildHasherDefault<KeyHasher>>>,
+    used: Mutex<Blocks>,
 }
 
 impl RenderBlocks {
     /// A render that may reuse `previous`.
     pub(crate) fn reusing(previous: Arc<Blocks>) -> Self {
-        let used = BlockMap::with_capacity_and_hasher(previous.0.len(), Default::default());
-        Self { previous, used: Mutex::new(used) }
+        Self { previous, ..Self::default() }
     }
 
     /// The blocks this render used, to be reused by the next.
     pub(crate) fn take_used(&self) -> Blocks {
-        Blocks(self.used.lock().map(|mut used| std::mem::take(&mut *used)).unwrap_or_default())
+        self.used.lock().map(|mut used| std::mem::take(&mut *used)).unwrap_or_default()
     }
 
-    fn find(&self, key: Fingerprint) -> Option<Arc<Block>> {
-        if let Some(block) = self.previous.0.get(&key) {
-            return Some(block.clone());
-        }
-        self.used.lock().ok()?.get(&key).cloned()
+    /// The next call with this fingerprint.
+    fn call(&self, prefix: Fingerprint) -> Call {
+        let Ok(mut calls) = self.calls.lock() else { return (prefix, usize::MAX) };
+        let count = calls.entry(prefix).or_default();
+        *count += 1;
+        (prefix, *count - 1)
     }
 
-    fn keep(&self, key: Fingerprint, block: Arc<Block>) {
+    /// Any previous block with this key (a call with no run of its own).
+    fn by_key(&self, key: Fingerprint) -> Option<Arc<Block>> {
+        let map = self.by_key.get_or_init(|| {
+            let mut map = BlockMap::with_capacity_and_hasher(self.previous.len(), Default::default());
+            for (key, block) in self.previous.0.values().flatten() {
+                map.insert(*key, block.clone());
+            }
+            map
+        });
+        map.get(&key).cloned()
+    }
+
+    fn keep(&self, call: Call, run: Run) {
         if let Ok(mut used) = self.used.lock() {
-            used.insert(key, block);
+            used.0.insert(call, run);
         }
+    }
+}
+
+/// Where a call finds its blocks from the last render: its own run, in order, or by key.
+struct Finder<'a> {
+    blocks: &'a RenderBlocks,
+    run: Option<&'a Run>,
+    cursor: usize,
+}
+
+impl Finder<'_> {
+    fn find(&mut self, key: Fingerprint) -> Option<Arc<Block>> {
+        let Some(run) = self.run else { return self.blocks.by_key(key) };
+        for ahead in 0..LOOKAHEAD {
+            let (found, block) = run.get(self.cursor + ahead)?;
+            if *found == key {
+                self.cursor += ahead + 1;
+                return Some(block.clone());
+            }
+        }
+        None
     }
 }
 
@@ -476,6 +550,9 @@ pub(crate) fn render_each(
             with.hash(digest);
         })
     });
+    let call = prefix.map(|prefix| blocks.call(prefix));
+    let mut finder = Finder { blocks, run: call.and_then(|call| blocks.previous.0.get(&call)), cursor: 0 };
+    let mut run: Run = Vec::with_capacity(finder.run.map_or(0, Vec::len));
     let mut output = String::new();
     for item in items {
         let key = prefix.zip(fingerprint(&item)).map(|(prefix, item)| {
@@ -485,7 +562,7 @@ pub(crate) fn render_each(
             })
         });
         if let Some(key) = key
-            && let Some(block) = blocks.find(key)
+            && let Some(block) = finder.find(key)
             && still_valid(&block, now)
         {
             for effect in &block.effects {
@@ -493,7 +570,7 @@ pub(crate) fn render_each(
             }
             output.push_str(&block.output);
             hand_to_parent(&block);
-            blocks.keep(key, block);
+            run.push((key, block));
             continue;
         }
         context.insert(name.to_owned(), item);
@@ -507,8 +584,11 @@ pub(crate) fn render_each(
         if !recording.cacheable {
             record_uncacheable();
         } else if let Some(key) = key {
-            blocks.keep(key, block);
+            run.push((key, block));
         }
+    }
+    if let Some(call) = call {
+        blocks.keep(call, run);
     }
     Ok(super::library::VettedLines(output))
 }
