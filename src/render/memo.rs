@@ -354,36 +354,12 @@ const LOOKAHEAD: usize = 4;
 /// The blocks one successful render used, by the call that rendered them, which the next
 /// render may reuse.
 #[derive(Debug, Default)]
-pub(crate) struct Blocks(HashMap<Call, Run, BuildHasherDefault<CallHasher>>);
+pub(crate) struct Blocks(HashMap<Call, Run, foldhash::quality::RandomState>);
 
 impl Blocks {
     /// How many blocks are kept.
     pub(crate) fn len(&self) -> usize {
         self.0.values().map(Vec::len).sum()
-    }
-}
-
-/// A call's fingerprint is a hash already; its count is mixed in.
-#[derive(Default)]
-struct CallHasher(u64);
-
-impl Hasher for CallHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    fn write_u128(&mut self, value: u128) {
-        self.0 ^= value as u64;
-    }
-
-    fn write_usize(&mut self, value: usize) {
-        self.0 = self.0.rotate_left(5) ^ value as u64;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
