@@ -423,6 +423,22 @@ fn same_items(before: &[Value], now: &[Value]) -> bool {
         })
 }
 
+/// What a successful kept render hands the next: its server slots, its blocks, the sorted
+/// views of its shared collectors, and how many names it made. A dry or failed render hands
+/// nothing on.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Carried {
+    /// Server slots of every backend: `server_slots(...)` keeps each endpoint's server name
+    /// from one render to the next (see `plan::slots`); seeded from the journal at a start.
+    pub(crate) slots: Arc<crate::plan::slots::Slots>,
+    /// The blocks of `render_each`, reused where nothing they read changed.
+    pub(crate) blocks: Arc<super::memo::Blocks>,
+    /// Sorted views of shared collectors, reused where a collector holds the same items.
+    sorted_views: Arc<SortedViews>,
+    /// How many shared names the render made, to size the next one's maps.
+    name_counts: NameCounts,
+}
+
 /// How many collectors and claimed names a render made.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct NameCounts {
@@ -459,25 +475,35 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Shared state for a render that starts from these server slots and may reuse these
-    /// blocks.
-    pub(crate) fn starting_from(
-        slots: Arc<crate::plan::slots::Slots>,
-        blocks: Arc<super::memo::Blocks>,
-        sorted_before: Arc<SortedViews>,
-        expected: NameCounts,
-    ) -> Self {
+    /// Shared state for a render that starts from what the last kept render handed on.
+    pub(crate) fn starting_from(carried: Carried) -> Self {
         // As many names as the last render had: sized once, not grown by rehashing.
+        let expected = carried.name_counts;
         Self {
             collectors: std::sync::Mutex::new(Names::with_capacity_and_hasher(expected.collectors, Default::default())),
             claimed_names: std::sync::Mutex::new(std::collections::HashSet::with_capacity_and_hasher(
                 expected.claimed_names,
                 Default::default(),
             )),
-            slots_before: slots,
-            sorted_views: Arc::new(SortedCarry { before: sorted_before, now: Default::default() }),
-            blocks: super::memo::RenderBlocks::reusing(blocks),
+            slots_before: carried.slots,
+            sorted_views: Arc::new(SortedCarry { before: carried.sorted_views, now: Default::default() }),
+            blocks: super::memo::RenderBlocks::reusing(carried.blocks),
             ..Self::default()
+        }
+    }
+
+    /// What this render hands the next, taken (the render is over).
+    pub(crate) fn take_carried(&self) -> Carried {
+        Carried {
+            slots: self.take_slots(),
+            blocks: Arc::new(self.blocks.take_used()),
+            sorted_views: Arc::new(
+                self.sorted_views.now.lock().map(|mut now| std::mem::take(&mut *now)).unwrap_or_default(),
+            ),
+            name_counts: NameCounts {
+                collectors: self.collectors.lock().map(|collectors| collectors.len()).unwrap_or_default(),
+                claimed_names: self.claimed_names.lock().map(|claims| claims.len()).unwrap_or_default(),
+            },
         }
     }
 
@@ -521,7 +547,7 @@ impl Shared {
 
     /// The server slots after this render (the render is over: nothing assigns more). The
     /// same tables as before, not a copy, when no backend's endpoints moved.
-    pub(crate) fn take_slots(&self) -> Arc<crate::plan::slots::Slots> {
+    fn take_slots(&self) -> Arc<crate::plan::slots::Slots> {
         let assigned =
             self.slots_assigned.lock().map(|mut assigned| std::mem::take(&mut *assigned)).unwrap_or_default();
         if assigned.is_empty() {
@@ -574,11 +600,6 @@ impl Shared {
         self.certs.lock().map(|certs| certs.clone()).unwrap_or_default()
     }
 
-    /// The blocks this render used, for the next to reuse.
-    pub(crate) fn take_blocks(&self) -> super::memo::Blocks {
-        self.blocks.take_used()
-    }
-
     /// The shared collector of this name, made on first use.
     fn collector(&self, name: &str) -> Result<Arc<Collector>, Error> {
         self.collector_named(name, || name.into())
@@ -611,19 +632,6 @@ impl Shared {
         match collectors.get(name) {
             Some(collector) => !collector.claimed.swap(true, std::sync::atomic::Ordering::Relaxed),
             None => self.claimed_names.lock().is_ok_and(|mut claims| !claims.contains(name) && claims.insert(owned())),
-        }
-    }
-
-    /// The sorted views of shared collectors this render made or found unchanged, for the next.
-    pub(crate) fn take_sorted_views(&self) -> SortedViews {
-        self.sorted_views.now.lock().map(|mut now| std::mem::take(&mut *now)).unwrap_or_default()
-    }
-
-    /// How many names this render made, for the next to size its maps by.
-    pub(crate) fn name_counts(&self) -> NameCounts {
-        NameCounts {
-            collectors: self.collectors.lock().map(|collectors| collectors.len()).unwrap_or_default(),
-            claimed_names: self.claimed_names.lock().map(|claims| claims.len()).unwrap_or_default(),
         }
     }
 
@@ -804,21 +812,22 @@ impl Collector {
             return Ok(done.clone());
         }
         let items = self.items.lock().map(|items| items.clone()).unwrap_or_default();
-        let carried = self.name.as_ref().zip(self.sorted_views.as_ref());
-        let key = carried.map(|(name, _)| (name.clone(), attribute.clone(), reverse));
-        let unchanged = carried.zip(key.as_ref()).and_then(|((_, views), key)| {
+        // A shared collector's view may be the one the last render made from the same items.
+        let carry = self
+            .name
+            .as_ref()
+            .zip(self.sorted_views.as_ref())
+            .map(|(name, views)| (views, (name.clone(), attribute.clone(), reverse)));
+        let unchanged = carry.as_ref().and_then(|(views, key)| {
             views.before.get(key).filter(|view| same_items(&view.items, &items)).map(|view| view.sorted.clone())
         });
-        let sorted = match unchanged {
-            Some(sorted) => sorted,
-            None => {
-                let mut keyed: Vec<(Value, Value)> =
-                    items.iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item.clone())).collect();
-                keyed.sort_by(|(a, _), (b, _)| if reverse { b.cmp(a) } else { a.cmp(b) });
-                Value::from(keyed.into_iter().map(|(_, item)| item).collect::<Vec<_>>())
-            }
-        };
-        if let (Some((_, views)), Some(key)) = (carried, key)
+        let sorted = unchanged.unwrap_or_else(|| {
+            let mut keyed: Vec<(Value, Value)> =
+                items.iter().map(|item| (item.get_attr(&attribute).unwrap_or_default(), item.clone())).collect();
+            keyed.sort_by(|(a, _), (b, _)| if reverse { b.cmp(a) } else { a.cmp(b) });
+            Value::from(keyed.into_iter().map(|(_, item)| item).collect::<Vec<_>>())
+        });
+        if let Some((views, key)) = carry
             && let Ok(mut now) = views.now.lock()
         {
             now.insert(key, SortedView { items, sorted: sorted.clone() });

@@ -122,21 +122,13 @@ pub struct Renderer {
     map_names: Vec<String>,
     file_names: Vec<String>,
     extra_context: Value,
-    /// Server slots as the last successful render left them: `server_slots(...)` keeps each
-    /// endpoint's server name from one render to the next (see `plan::slots`).
-    slots: std::sync::Mutex<Arc<crate::plan::slots::Slots>>,
+    /// What the last successful render handed on: server slots (moved only by a successful
+    /// render, seeded from the journal), blocks, sorted views (see `context::Carried`).
+    carried: std::sync::Mutex<context::Carried>,
     /// The Gateway API settings, when the configuration serves it.
     gateway: Option<crate::gateway::GatewaySettings>,
     /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
     gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
-    /// The blocks (`shared.render_each`) the last successful render used, for the next to
-    /// reuse where nothing they read changed.
-    blocks: std::sync::Mutex<Arc<memo::Blocks>>,
-    /// The sorted views of shared collectors the last successful render made, reused by the
-    /// next where a collector holds the same items.
-    sorted_views: std::sync::Mutex<Arc<context::SortedViews>>,
-    /// How many shared names the last successful render made, to size the next one's maps.
-    name_counts: std::sync::Mutex<context::NameCounts>,
 }
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
@@ -368,33 +360,30 @@ impl Renderer {
             map_names: templates.maps.keys().cloned().collect(),
             file_names: templates.files.keys().cloned().collect(),
             extra_context: templates.extra_context.as_ref().map(trusted_value).unwrap_or_default(),
-            slots: Default::default(),
+            carried: Default::default(),
             gateway: spec.gateway_api.clone(),
             gateway_status: Default::default(),
-            blocks: Default::default(),
-            name_counts: Default::default(),
-            sorted_views: Default::default(),
         })
     }
 
     /// Starts from these server slots (as a journal recorded them), unless slots were assigned
     /// already.
     pub fn seed_slots(&self, slots: Arc<crate::plan::slots::Slots>) {
-        if let Ok(mut kept) = self.slots.lock()
-            && kept.is_empty()
+        if let Ok(mut kept) = self.carried.lock()
+            && kept.slots.is_empty()
         {
-            *kept = slots;
+            kept.slots = slots;
         }
     }
 
     /// The server slots as the last successful render left them.
     pub fn slots(&self) -> Arc<crate::plan::slots::Slots> {
-        self.slots.lock().map(|slots| slots.clone()).unwrap_or_default()
+        self.carried.lock().map(|carried| carried.slots.clone()).unwrap_or_default()
     }
 
     /// How many `render_each` blocks the last successful render left for the next to reuse.
     pub fn blocks_kept(&self) -> usize {
-        self.blocks.lock().map(|blocks| blocks.len()).unwrap_or_default()
+        self.carried.lock().map(|carried| carried.blocks.len()).unwrap_or_default()
     }
 
     /// The Gateway API status the last successful render owes, when the configuration serves
@@ -418,13 +407,11 @@ impl Renderer {
         context::reset_tracking();
         memo::reset_recordings();
         let resources = Value::from_object(context::Resources::new(stores));
-        // Slots are worked on in a copy and kept only if the whole render succeeds, so a render
-        // that fails (or an attempt that leaves an object out) moves no server.
-        let slots = self.slots.lock().map(|slots| slots.clone()).unwrap_or_default();
-        let blocks = self.blocks.lock().map(|blocks| blocks.clone()).unwrap_or_default();
-        let names = self.name_counts.lock().map(|counts| *counts).unwrap_or_default();
-        let sorted_views = self.sorted_views.lock().map(|views| views.clone()).unwrap_or_default();
-        let shared = Value::from_object(context::Shared::starting_from(slots, blocks, sorted_views, names));
+        // A render starts from what the last kept render handed on and hands on only if the
+        // whole render succeeds, so a render that fails (or an attempt that leaves an object out)
+        // moves no server.
+        let carried = self.carried.lock().map(|carried| carried.clone()).unwrap_or_default();
+        let shared = Value::from_object(context::Shared::starting_from(carried));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
         let gateway = self.gateway.as_ref().map(|settings| {
@@ -462,17 +449,8 @@ impl Renderer {
         if !keep {
             return Ok(FileSet { haproxy_cfg, maps, files, certs });
         }
-        if let (Some(shared), Ok(mut kept)) = (shared, self.slots.lock()) {
-            *kept = shared.take_slots();
-        }
-        if let (Some(shared), Ok(mut kept)) = (shared, self.blocks.lock()) {
-            *kept = Arc::new(shared.take_blocks());
-        }
-        if let (Some(shared), Ok(mut kept)) = (shared, self.sorted_views.lock()) {
-            *kept = Arc::new(shared.take_sorted_views());
-        }
-        if let (Some(shared), Ok(mut kept)) = (shared, self.name_counts.lock()) {
-            *kept = shared.name_counts();
+        if let (Some(shared), Ok(mut kept)) = (shared, self.carried.lock()) {
+            *kept = shared.take_carried();
         }
         if let Ok(mut kept) = self.gateway_status.lock() {
             *kept = gateway.map(|model| model.status);
