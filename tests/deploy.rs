@@ -595,9 +595,12 @@ async fn twenty_in_slot_scale_steps_are_runtime_patches_and_a_streaming_connecti
     let pods = env.pods.len() as f64;
     ensure!(runtime_ok >= 20.0 * pods, "{runtime_ok} runtime deployments counted for {pods} pods × 20 steps");
     // Each step moves a server in or out of its slot, counted by kind: a free slot taken is a
-    // replaced server, a slot given up a state change (and an address change).
+    // replaced server, a slot given up a state change (and an address change). The first step
+    // has no free slot to take (the chart grows backends one slot at a time where HAProxy adds
+    // servers at run time): its server is added.
     let slot_changes = counted("haptic_runtime_actions_total{kind=\"server-state\"}")
-        + counted("haptic_runtime_actions_total{kind=\"server-replace\"}");
+        + counted("haptic_runtime_actions_total{kind=\"server-replace\"}")
+        + counted("haptic_runtime_actions_total{kind=\"server-add\"}");
     ensure!(slot_changes >= 20.0 * pods, "{slot_changes} slot changes at run time for {pods} pods × 20 steps");
     for (name, stream) in streams {
         let text = stream.await??;
