@@ -24,6 +24,17 @@ impl Checksum {
         Self(Sha256::digest(content).into())
     }
 
+    /// The checksum of `lines` each ended by a newline, as `of` their joined text would give,
+    /// without building that text (a stored configuration is megabytes at scale).
+    pub fn of_lines<'a>(lines: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut hasher = Sha256::new();
+        for line in lines {
+            hasher.update(line.as_bytes());
+            hasher.update(b"\n");
+        }
+        Self(hasher.finalize().into())
+    }
+
     /// The raw digest.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -147,6 +158,13 @@ mod tests {
         assert_eq!(Checksum::from_hex(&checksum.to_string()), Some(checksum));
         assert_eq!(Checksum::from_hex("abc"), None);
         assert_eq!(Checksum::from_hex(&"G".repeat(64)), None);
+    }
+
+    #[test]
+    fn lines_hash_as_their_joined_text_does() {
+        let lines = ["global", "  maxconn 10", "", "backend b"];
+        assert_eq!(Checksum::of_lines(lines), Checksum::of(b"global\n  maxconn 10\n\nbackend b\n"));
+        assert_eq!(Checksum::of_lines([]), Checksum::of(b""));
     }
 
     #[test]

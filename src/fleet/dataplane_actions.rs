@@ -159,12 +159,7 @@ fn claimed_render(stored: &StoredConfig) -> Option<Checksum> {
 /// The checksum of a stored configuration's layout, without the lines the API rewrites on
 /// every write.
 pub fn stored_checksum(stored: &StoredConfig) -> Checksum {
-    let mut content = String::with_capacity(stored.text.len());
-    for line in stored.content() {
-        content.push_str(line);
-        content.push('\n');
-    }
-    Checksum::of(content.as_bytes())
+    Checksum::of_lines(stored.content())
 }
 
 /// What a stored configuration is, as the machine compares it: the render its marker names,
