@@ -44,6 +44,19 @@ async fn served(env: &env::Manifest, host: &str, backend: &str) -> Result<()> {
     env::every_pod_answers(env, host, backend, Duration::from_millis(5)).await
 }
 
+/// Waits as `served` does, and keeps each pod's time: the sample is the slowest pod's.
+async fn served_each(
+    env: &env::Manifest,
+    host: &str,
+    backend: &str,
+    per_pod: &mut Vec<Vec<Duration>>,
+) -> Result<Duration> {
+    let times = env::every_pod_answers_each(env, host, backend, Duration::from_millis(5)).await?;
+    let slowest = times.iter().copied().max().unwrap_or_default();
+    per_pod.push(times);
+    Ok(slowest)
+}
+
 /// The mix: 100 changes of every kind an operator makes, the same list for both configurations.
 #[derive(Clone, Debug)]
 enum Change {
@@ -209,29 +222,33 @@ async fn main() -> Result<()> {
     served(env, "warm.bench.example", "web-a").await.with_context(|| controller.log_tail())?;
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
 
-    let mut route_samples = Vec::new();
+    let (mut route_samples, mut route_pods) = (Vec::new(), Vec::new());
     let before = env::measure::reloads_per_pod(env)?;
     for i in 0..samples {
         let host = format!("route{i}.bench.example");
         tokio::time::sleep(QUIET).await;
         let started = Instant::now();
         ingresses.create(&PostParams::default(), &ingress(&host, "web")?).await?;
-        served(env, &host, "web-a").await.with_context(|| controller.log_tail())?;
-        route_samples.push(started.elapsed());
+        let written = started.elapsed();
+        let slowest = served_each(env, &host, "web-a", &mut route_pods).await.with_context(|| controller.log_tail())?;
+        route_samples.push(written + slowest);
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
     }
     let route_reloads = env::measure::reloads_per_pod(env)? - before;
 
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
-    let mut server_samples = Vec::new();
+    let (mut server_samples, mut server_pods) = (Vec::new(), Vec::new());
     let before = env::measure::reloads_per_pod(env)?;
     for _ in 0..samples {
         tokio::time::sleep(QUIET).await;
         let started = Instant::now();
         slices.create(&PostParams::default(), &endpoint_slice("web-b", "web", &address, BACKEND + 1)?).await?;
+        let written = started.elapsed();
         // Round robin between the two: web-b answers once its server takes traffic.
-        served(env, "warm.bench.example", "web-b").await.with_context(|| controller.log_tail())?;
-        server_samples.push(started.elapsed());
+        let slowest = served_each(env, "warm.bench.example", "web-b", &mut server_pods)
+            .await
+            .with_context(|| controller.log_tail())?;
+        server_samples.push(written + slowest);
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
         slices.delete("web-b", &DeleteParams::default()).await?;
         tokio::time::sleep(QUIET).await;
@@ -239,14 +256,16 @@ async fn main() -> Result<()> {
     }
     let server_reloads = env::measure::reloads_per_pod(env)? - before;
 
-    let mut reload_samples = Vec::new();
+    let (mut reload_samples, mut reload_pods) = (Vec::new(), Vec::new());
     let before = env::measure::reloads_per_pod(env)?;
     for i in 0..samples {
         let host = format!("fresh{i}.bench.example");
         let started = Instant::now();
         ingresses.create(&PostParams::default(), &ingress(&host, &format!("fresh{i}"))?).await?;
-        served(env, &host, "fresh").await.with_context(|| controller.log_tail())?;
-        reload_samples.push(started.elapsed());
+        let written = started.elapsed();
+        let slowest =
+            served_each(env, &host, "fresh", &mut reload_pods).await.with_context(|| controller.log_tail())?;
+        reload_samples.push(written + slowest);
         controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
         tokio::time::sleep(Duration::from_millis(2100)).await;
     }
@@ -276,6 +295,11 @@ async fn main() -> Result<()> {
     print("Route change (map only) -> served on all pods", route_samples, &per_pod(route_reloads));
     print("Server change (endpoint into a free slot) -> served on all pods", server_samples, &per_pod(server_reloads));
     print("Reload path (route to a new Service) -> served on all pods", reload_samples, &per_pod(reload_path_reloads));
+    let names: Vec<String> = env.pods.iter().map(|pod| pod.name.clone()).collect();
+    let spread = env::measure::print_pod_spread;
+    spread("Route change", &route_pods, &names);
+    spread("Server change", &server_pods, &names);
+    spread("Reload path", &reload_pods, &names);
     let kinds = mix().iter().fold([0usize; 5], |mut counts, change| {
         counts[match change {
             Change::NewHost(..) => 0,

@@ -8,7 +8,7 @@ use anyhow::Result;
 use super::Manifest;
 
 /// The `p` quantile (0 to 1) of sorted samples, by nearest rank.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index.min(sorted.len() - 1)]
 }
@@ -24,6 +24,35 @@ pub fn print_samples(what: &str, mut samples: Vec<Duration>, tail: &str) {
         ms(percentile(&samples, 0.95)),
         ms(samples[0]),
         ms(samples[samples.len() - 1]),
+    );
+}
+
+/// Whether any pod is starved, from each sample's per-pod times (`every_pod_answers_each`):
+/// each pod's median time over the samples, and the slowest pod's against the median pod's.
+pub fn print_pod_spread(what: &str, per_sample: &[Vec<Duration>], names: &[String]) {
+    if per_sample.is_empty() || names.is_empty() {
+        return;
+    }
+    let mut medians: Vec<(Duration, &str)> = (0..names.len())
+        .map(|pod| {
+            let mut times: Vec<Duration> = per_sample.iter().filter_map(|sample| sample.get(pod).copied()).collect();
+            times.sort();
+            (if times.is_empty() { Duration::ZERO } else { percentile(&times, 0.5) }, names[pod].as_str())
+        })
+        .collect();
+    medians.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (fastest, slowest, middle) = (medians[0], medians[medians.len() - 1], percentile(&medians, 0.5));
+    let ratio = ms(slowest.0) / ms(middle.0).max(f64::EPSILON);
+    println!(
+        "{what}: per-pod median over {} samples: fastest {} {:.0} ms, median pod {:.0} ms, slowest {} {:.0} ms; \
+         slowest/median {ratio:.2}",
+        per_sample.len(),
+        fastest.1,
+        ms(fastest.0),
+        ms(middle.0),
+        slowest.1,
+        ms(slowest.0),
     );
 }
 

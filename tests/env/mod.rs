@@ -380,23 +380,42 @@ pub fn config_routing_to(backend: &Backend) -> String {
 
 /// Asks every pod for `host` (polling each every `poll`) until each answers from `backend`.
 pub async fn every_pod_answers(env: &Manifest, host: &str, backend: &str, poll: Duration) -> Result<()> {
+    every_pod_answers_each(env, host, backend, poll).await.map(drop)
+}
+
+/// As `every_pod_answers`, with how long each pod took (in the manifest's order) to answer
+/// from `backend`, counted from the call. The pods not yet answering are asked in turn, one
+/// request at a time, and the round starts again after `poll`: the load stays that of one
+/// poller however many pods there are, and no pod's time includes waiting for another's.
+pub async fn every_pod_answers_each(
+    env: &Manifest,
+    host: &str,
+    backend: &str,
+    poll: Duration,
+) -> Result<Vec<Duration>> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for pod in &env.pods {
-        loop {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(60);
+    let mut answered: Vec<Option<Duration>> = vec![None; env.pods.len()];
+    let wanted = format!("backend={backend} ");
+    loop {
+        for (pod, took) in env.pods.iter().zip(answered.iter_mut()).filter(|(_, took)| took.is_none()) {
             let url = format!("http://{}/hello", pod.http_address);
             let answer = match http.get(&url).header("Host", host).send().await {
                 Ok(response) => response.text().await.unwrap_or_default(),
                 Err(error) => error.to_string(),
             };
-            if answer.contains(&format!("backend={backend} ")) {
-                break;
+            if answer.contains(&wanted) {
+                *took = Some(started.elapsed());
+            } else {
+                ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
             }
-            ensure!(Instant::now() < deadline, "{} never answered {host} from {backend}: {answer}", pod.name);
-            tokio::time::sleep(poll).await;
         }
+        if answered.iter().all(Option::is_some) {
+            return Ok(answered.into_iter().flatten().collect());
+        }
+        tokio::time::sleep(poll).await;
     }
-    Ok(())
 }
 
 /// GETs `/hello` through HAProxy at `address` until `backend` answers (reloads take a moment).
