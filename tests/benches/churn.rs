@@ -138,6 +138,37 @@ async fn served_everywhere(
     futures::future::try_join_all(per_pod).await
 }
 
+/// Count and mean of each histogram series the controller times its work with: renders, each
+/// kind of action on a pod, each kind of runtime change.
+fn time_spent(metrics: &str) -> String {
+    let mut series: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in metrics.lines() {
+        for (prefix, part) in [
+            ("haptic_render_duration_seconds", "render"),
+            ("haptic_pod_action_duration_seconds", "action"),
+            ("haptic_runtime_action_duration_seconds", "runtime"),
+        ] {
+            let Some(rest) = line.strip_prefix(prefix) else { continue };
+            let (is_sum, rest) = match (rest.strip_prefix("_sum"), rest.strip_prefix("_count")) {
+                (Some(rest), _) => (true, rest),
+                (_, Some(rest)) => (false, rest),
+                _ => continue,
+            };
+            let (labels, value) = rest.rsplit_once(' ').unwrap_or((rest, "0"));
+            let label = labels.split('"').nth(1).unwrap_or(part);
+            let entry = series.entry(format!("{part} {label}")).or_default();
+            let value: f64 = value.trim().parse().unwrap_or_default();
+            if is_sum { entry.0 += value } else { entry.1 += value }
+        }
+    }
+    series
+        .iter()
+        .filter(|(_, (_, count))| *count > 0.0)
+        .map(|(name, (sum, count))| format!("{name} n={count:.0} mean {:.0} ms", sum / count * 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn percentiles(samples: &[Duration]) -> String {
     if samples.is_empty() {
         return "n=0".into();
@@ -437,6 +468,9 @@ async fn main() -> Result<()> {
     for line in errors.iter().take(5) {
         println!("    {line}");
     }
+    // Where a pod's turn goes: the controller's own timings over the whole run.
+    let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
+    println!("  where the time went (the controller's metrics, whole run): {}", time_spent(&metrics));
     for failure in failures.iter().take(5) {
         println!("  NOT SERVED: {failure}");
     }
