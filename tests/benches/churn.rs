@@ -4,9 +4,9 @@
 //! EndpointSlice of 3 endpoints, waits until every pod is in sync, then applies changes at a set
 //! rate for a set time, in turn:
 //!
-//! - **edit**: one of 20 Ingresses to the real backend moves to a new host (map entries: the
+//! - **edit**: one of 200 Ingresses (`--turns`) to the real backend moves to a new host (map entries: the
 //!   Runtime API path);
-//! - **move**: one of 20 Services with a real endpoint has it move to the other backend's port
+//! - **move**: one of 200 Services with a real endpoint has it move to the other backend's port
 //!   (its server's address: the Runtime API path on HAProxy >= 2.7);
 //! - **scale**: one of the N Services gains a fourth endpoint or loses it again (a server
 //!   enabled or disabled in its slots);
@@ -20,7 +20,7 @@
 //! controller's peak RSS and CPU time, the errors in its log and its journal's size.
 //!
 //! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T] [--max-delay D]
-//! [--deployment-timeout D]` (defaults 1,000, 10, 60 and the configuration's own: under a steady stream of changes the
+//! [--deployment-timeout D] [--turns K]` (defaults 1,000, 10, 60 and the configuration's own: under a steady stream of changes the
 //! debouncer's quiet window never passes, so renders come every `debounce.maxDelay`, 5 s). The environment is the one in `HAPTIC_ENV_DIR` (started if it
 //! is not running; `PODS=20 HAPTIC_ENV_NET=2 HAPTIC_ENV_DIR=target/test-env-20` for a fleet of
 //! 20 pods beside the usual one).
@@ -45,9 +45,12 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-/// How many Ingresses and Services of the real backend take turns for edits and moves: a change
-/// to one is served long before its turn comes again.
-const TURNS: usize = 20;
+/// How many Ingresses and Services of the real backend take turns for edits and moves, unless
+/// `--turns` says: a change to one should be served long before its turn comes again (200 at
+/// 10 changes a second: every 80 s). With too few, an edit not yet served is replaced by the
+/// next edit of its Ingress and is never served, which the controller rightly coalesces but
+/// the bench would count as lost.
+const DEFAULT_TURNS: usize = 200;
 /// The real backends (on the environment's backend host): name and port.
 const WEB_A: (&str, u16) = ("web-a", 18400);
 const WEB_B: (&str, u16) = ("web-b", 18401);
@@ -62,6 +65,8 @@ struct Settings {
     max_delay: Option<String>,
     /// `spec.dataplane.deploymentTimeout`, when not the default (30 s).
     deployment_timeout: Option<String>,
+    /// How many Ingresses and Services take turns for edits and moves.
+    turns: usize,
 }
 
 fn settings() -> Settings {
@@ -73,6 +78,7 @@ fn settings() -> Settings {
         seconds: value("--seconds").and_then(|v| v.parse().ok()).unwrap_or(60),
         max_delay: value("--max-delay"),
         deployment_timeout: value("--deployment-timeout"),
+        turns: value("--turns").and_then(|v| v.parse().ok()).filter(|t| *t > 0).unwrap_or(DEFAULT_TURNS),
     }
 }
 
@@ -169,6 +175,22 @@ fn time_spent(metrics: &str) -> String {
         .join(", ")
 }
 
+/// How many renders took at most each bucket's time (`le`), from the render histogram: a few
+/// slow renders and many slow ones are different problems.
+fn render_spread(metrics: &str) -> String {
+    let mut counted = 0.0;
+    let mut buckets = Vec::new();
+    for line in metrics.lines().filter(|l| l.starts_with("haptic_render_duration_seconds_bucket")) {
+        let bound = line.split('"').nth(1).unwrap_or("?");
+        let count: f64 = line.rsplit(' ').next().and_then(|v| v.trim().parse().ok()).unwrap_or_default();
+        if count > counted {
+            buckets.push(format!("≤{bound} s: {:.0}", count - counted));
+            counted = count;
+        }
+    }
+    buckets.join(", ")
+}
+
 fn percentiles(samples: &[Duration]) -> String {
     if samples.is_empty() {
         return "n=0".into();
@@ -248,17 +270,27 @@ async fn main() -> Result<()> {
         .collect::<Vec<_>>()
         .await;
     bulk.into_iter().collect::<Result<Vec<_>>>()?;
-    for m in 0..TURNS {
-        let name = format!("edit-{m}");
-        services.create(&post, &service(&name, WEB_A.1)?).await?;
-        slices.create(&post, &slice(&name, std::slice::from_ref(&address), WEB_A.1)?).await?;
-        ingresses.create(&post, &ingress_to(&name, &format!("{name}-v0.churn.example"), &name)?).await?;
-        let name = format!("move-{m}");
-        services.create(&post, &service(&name, WEB_A.1)?).await?;
-        slices.create(&post, &slice(&name, std::slice::from_ref(&address), WEB_A.1)?).await?;
-        ingresses.create(&post, &ingress_to(&name, &format!("{name}.churn.example"), &name)?).await?;
-    }
-    let objects = 3 * (settings.ingresses + 2 * TURNS);
+    let turns = settings.turns;
+    let turned = futures::stream::iter(0..turns)
+        .map(|m| {
+            let (services, slices, ingresses, post, address) = (&services, &slices, &ingresses, &post, &address);
+            async move {
+                let name = format!("edit-{m}");
+                services.create(post, &service(&name, WEB_A.1)?).await?;
+                slices.create(post, &slice(&name, std::slice::from_ref(address), WEB_A.1)?).await?;
+                ingresses.create(post, &ingress_to(&name, &format!("{name}-v0.churn.example"), &name)?).await?;
+                let name = format!("move-{m}");
+                services.create(post, &service(&name, WEB_A.1)?).await?;
+                slices.create(post, &slice(&name, std::slice::from_ref(address), WEB_A.1)?).await?;
+                ingresses.create(post, &ingress_to(&name, &format!("{name}.churn.example"), &name)?).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    turned.into_iter().collect::<Result<Vec<_>>>()?;
+    let objects = 3 * (settings.ingresses + 2 * turns);
     let creation = created.elapsed();
 
     apply_library_config_for_pods(&client, &namespace, "bench").await?;
@@ -275,7 +307,7 @@ async fn main() -> Result<()> {
     let started = Instant::now();
     let controller = ControllerProcess::launch_library(env, &namespace, &journal)?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).pool_max_idle_per_host(4).build()?;
-    served_everywhere(env, &http, &format!("edit-{}-v0.churn.example", TURNS - 1), WEB_A.0, started)
+    served_everywhere(env, &http, &format!("edit-{}-v0.churn.example", turns - 1), WEB_A.0, started)
         .await
         .with_context(|| controller.log_tail())?;
     let first_served = started.elapsed();
@@ -293,8 +325,8 @@ async fn main() -> Result<()> {
     let failures: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut in_flight = Vec::new();
     let mut scaled: BTreeMap<usize, usize> = BTreeMap::new();
-    let mut edit_versions = [0usize; TURNS];
-    let mut moved = [false; TURNS];
+    let mut edit_versions = vec![0usize; turns];
+    let mut moved = vec![false; turns];
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / settings.rate));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let churn_started = Instant::now();
@@ -303,7 +335,7 @@ async fn main() -> Result<()> {
     let mut peak_rss = 0;
     while churn_started.elapsed() < churn_for {
         ticker.tick().await;
-        let turn = (changes / 4) % TURNS;
+        let turn = (changes / 4) % turns;
         let at = Instant::now();
         let measured: Option<(&'static str, String, &'static str)> = match changes % 4 {
             0 => {
@@ -414,7 +446,7 @@ async fn main() -> Result<()> {
         settled_cpu
     );
     println!(
-        "churn: {changes} changes in {:.1} s ({:.2}/s asked {:.1}/s), all measured ones served {:.1} s after the start",
+        "churn: {changes} changes in {:.1} s ({:.2}/s asked {:.1}/s; edits and moves take turns over {turns} objects each), all measured ones served {:.1} s after the start",
         churned.as_secs_f64(),
         changes as f64 / churned.as_secs_f64(),
         settings.rate,
@@ -471,6 +503,7 @@ async fn main() -> Result<()> {
     // Where a pod's turn goes: the controller's own timings over the whole run.
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     println!("  where the time went (the controller's metrics, whole run): {}", time_spent(&metrics));
+    println!("  renders by duration: {}", render_spread(&metrics));
     for failure in failures.iter().take(5) {
         println!("  NOT SERVED: {failure}");
     }
