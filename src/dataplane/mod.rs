@@ -439,7 +439,7 @@ impl DataplaneClient {
     /// [`DataplaneError::VersionConflict`] and nothing is written.
     pub async fn push_raw(
         &self,
-        config: &str,
+        config: impl Into<String>,
         version: ConfigVersion,
         mode: PushMode,
     ) -> Result<PushOutcome, DataplaneError> {
@@ -449,25 +449,25 @@ impl DataplaneClient {
             PushMode::Reload => {}
             PushMode::ForceReload => query.push(("force_reload", "true".into())),
         }
-        self.send_raw(config, version, mode, query, None).await
+        self.send_raw(config.into(), version, mode, query, None).await
     }
 
     /// Writes the configuration without a reload and applies `actions` (the
     /// `X-Runtime-Actions` header) to the running HAProxy through its Runtime API.
     pub async fn push_raw_runtime(
         &self,
-        config: &str,
+        config: impl Into<String>,
         version: ConfigVersion,
         actions: &str,
     ) -> Result<PushOutcome, DataplaneError> {
         let query = vec![("version", version.0.to_string()), ("skip_reload", "true".into())];
         let header = (!actions.is_empty()).then(|| actions.to_owned());
-        self.send_raw(config, version, PushMode::Reload, query, header).await
+        self.send_raw(config.into(), version, PushMode::Reload, query, header).await
     }
 
     async fn send_raw(
         &self,
-        config: &str,
+        config: String,
         version: ConfigVersion,
         mode: PushMode,
         query: Vec<(&str, String)>,
@@ -475,8 +475,10 @@ impl DataplaneClient {
     ) -> Result<PushOutcome, DataplaneError> {
         let path = "services/haproxy/configuration/raw";
         // The API refuses a body without any newline (its guard against a flattened file); a
-        // final newline is not needed: it stores its own layout of the file either way.
-        let body = if config.contains('\n') { config.to_owned() } else { format!("{config}\n") };
+        // final newline is not needed: it stores its own layout of the file either way. The
+        // body is the caller's string, not a copy: at 10,000 Ingresses each is 1.5 MB, one per
+        // pod being pushed to.
+        let body = if config.contains('\n') { config } else { config + "\n" };
         let mut request = self
             .request(Method::POST, path)
             .query(&query)
