@@ -410,7 +410,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         validation_requests: validation,
     };
     // Freed renders and pushes go back to the system rather than staying resident.
-    let _hand_back = crate::memory::spawn_hand_back();
+    crate::memory::spawn_hand_back();
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)
 }
 

@@ -44,7 +44,7 @@ pub fn hand_back_freed_pages() -> std::time::Duration {
 
 /// Runs [`hand_back_freed_pages`] every [`HAND_BACK_EVERY`] on the blocking pool until the
 /// runtime stops.
-pub fn spawn_hand_back() -> tokio::task::JoinHandle<()> {
+pub fn spawn_hand_back() {
     tokio::spawn(async {
         let mut every = tokio::time::interval(HAND_BACK_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -55,7 +55,7 @@ pub fn spawn_hand_back() -> tokio::task::JoinHandle<()> {
                 Err(_) => return,
             }
         }
-    })
+    });
 }
 
 #[cfg(test)]

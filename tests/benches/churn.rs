@@ -110,6 +110,30 @@ fn bulk_endpoints(i: usize, count: usize) -> Vec<String> {
     (0..count).map(|k| silent_address(4 * i + k)).collect()
 }
 
+/// The bench's namespace, where it writes each routed Service: the Service, its
+/// EndpointSlice and an Ingress to it.
+struct Writer {
+    services: Api<Service>,
+    slices: Api<EndpointSlice>,
+    ingresses: Api<Ingress>,
+}
+
+impl Writer {
+    /// Service `name` with its slice (`endpoints` on `port`) and an Ingress for `host` to it.
+    async fn routed(&self, name: &str, host: &str, endpoints: &[String], port: u16) -> Result<()> {
+        let post = PostParams::default();
+        self.services.create(&post, &service(name, port)?).await?;
+        self.slices.create(&post, &slice(name, endpoints, port)?).await?;
+        self.ingresses.create(&post, &ingress_to(name, host, name)?).await?;
+        Ok(())
+    }
+}
+
+/// Runs `writes` 16 at a time, failing on the first that failed.
+async fn sixteen_at_a_time(writes: impl futures::Stream<Item = impl Future<Output = Result<()>>>) -> Result<()> {
+    writes.buffer_unordered(16).collect::<Vec<_>>().await.into_iter().collect()
+}
+
 /// Per change: when each pod first answered it as it should.
 type Served = Vec<Duration>;
 
@@ -248,48 +272,29 @@ async fn main() -> Result<()> {
     let work = tempfile::tempdir()?;
     let address = backend_host_address()?;
     let _backends = start_backends(work.path(), &address, &[(WEB_A.0.into(), WEB_A.1), (WEB_B.0.into(), WEB_B.1)])?;
-    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
-    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
-    let post = PostParams::default();
+    let writer = &Writer {
+        services: Api::namespaced(client.clone(), &namespace),
+        slices: Api::namespaced(client.clone(), &namespace),
+        ingresses: Api::namespaced(client.clone(), &namespace),
+    };
+    let (slices, ingresses) = (&writer.slices, &writer.ingresses);
 
     // The fleet of objects, written 16 at a time.
     let created = Instant::now();
-    let bulk = futures::stream::iter(0..settings.ingresses)
-        .map(|i| {
-            let (services, slices, ingresses, post) = (&services, &slices, &ingresses, &post);
-            async move {
-                let name = format!("app-{i}");
-                services.create(post, &service(&name, 8080)?).await?;
-                slices.create(post, &slice(&name, &bulk_endpoints(i, 3), 8080)?).await?;
-                ingresses.create(post, &ingress_to(&name, &format!("{name}.churn.example"), &name)?).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    bulk.into_iter().collect::<Result<Vec<_>>>()?;
+    sixteen_at_a_time(futures::stream::iter(0..settings.ingresses).map(|i| async move {
+        let name = format!("app-{i}");
+        writer.routed(&name, &format!("{name}.churn.example"), &bulk_endpoints(i, 3), 8080).await
+    }))
+    .await?;
     let turns = settings.turns;
-    let turned = futures::stream::iter(0..turns)
-        .map(|m| {
-            let (services, slices, ingresses, post, address) = (&services, &slices, &ingresses, &post, &address);
-            async move {
-                let name = format!("edit-{m}");
-                services.create(post, &service(&name, WEB_A.1)?).await?;
-                slices.create(post, &slice(&name, std::slice::from_ref(address), WEB_A.1)?).await?;
-                ingresses.create(post, &ingress_to(&name, &format!("{name}-v0.churn.example"), &name)?).await?;
-                let name = format!("move-{m}");
-                services.create(post, &service(&name, WEB_A.1)?).await?;
-                slices.create(post, &slice(&name, std::slice::from_ref(address), WEB_A.1)?).await?;
-                ingresses.create(post, &ingress_to(&name, &format!("{name}.churn.example"), &name)?).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    turned.into_iter().collect::<Result<Vec<_>>>()?;
+    let real = std::slice::from_ref(&address);
+    sixteen_at_a_time(futures::stream::iter(0..turns).map(|m| async move {
+        let name = format!("edit-{m}");
+        writer.routed(&name, &format!("{name}-v0.churn.example"), real, WEB_A.1).await?;
+        let name = format!("move-{m}");
+        writer.routed(&name, &format!("{name}.churn.example"), real, WEB_A.1).await
+    }))
+    .await?;
     let objects = 3 * (settings.ingresses + 2 * turns);
     let creation = created.elapsed();
 
@@ -366,10 +371,8 @@ async fn main() -> Result<()> {
             }
             _ => {
                 let name = format!("new-{}", changes / 4);
-                services.create(&post, &service(&name, WEB_A.1)?).await?;
-                slices.create(&post, &slice(&name, std::slice::from_ref(&address), WEB_A.1)?).await?;
                 let host = format!("{name}.churn.example");
-                ingresses.create(&post, &ingress_to(&name, &host, &name)?).await?;
+                writer.routed(&name, &host, real, WEB_A.1).await?;
                 Some(("new (Service, slice, Ingress)", host, WEB_A.0))
             }
         };
