@@ -10,6 +10,7 @@
 //! truth, and every pod is verified anyway.
 
 pub mod codec;
+mod contents;
 mod records;
 
 use std::fmt;
@@ -170,6 +171,22 @@ pub enum JournalError {
         /// Why the move failed.
         source: std::io::Error,
     },
+    /// Reading or writing a stored file content failed.
+    #[error("journal file content {path}: {action}: {source}")]
+    Contents {
+        /// The content's file (or the contents directory).
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A stored file content no longer matches the checksum it is stored under.
+    #[error("journal file content {path} no longer matches its checksum (corrupt on disk)")]
+    CorruptContent {
+        /// The content's file.
+        path: PathBuf,
+    },
 }
 
 impl JournalError {
@@ -201,7 +218,10 @@ pub struct Journal {
     db: sled::Db,
     pods: sled::Tree,
     log: sled::Tree,
-    files: sled::Tree,
+    /// File contents as schemas before 5 kept them, in sled; moved to `contents` by the upgrade.
+    legacy_files: sled::Tree,
+    /// File contents by checksum (originals of uploads to put back), outside sled.
+    contents: contents::Contents,
     /// `SlotsV1` records (every backend of a configuration in one), as builds before
     /// `backend_slots` wrote them: read when a configuration has no record there, removed
     /// once its slots are written again.
@@ -304,7 +324,8 @@ impl Journal {
             dir: dir.to_owned(),
             pods: db.open_tree("pods").map_err(store("opening the pods tree"))?,
             log: db.open_tree("log").map_err(store("opening the log tree"))?,
-            files: db.open_tree("files").map_err(store("opening the files tree"))?,
+            legacy_files: db.open_tree("files").map_err(store("opening the files tree"))?,
+            contents: contents::Contents::open(dir).map_err(OpenFailure::Store)?,
             slots: db.open_tree("slots").map_err(store("opening the slots tree"))?,
             backend_slots: db.open_tree("backend_slots").map_err(store("opening the backend slots tree"))?,
             uploads: db.open_tree("uploads").map_err(store("opening the uploads tree"))?,
@@ -395,10 +416,26 @@ impl Journal {
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(|error| OpenFailure::Store(self.transaction_error("upgrading the schema", error)))?;
+        let moved = self.move_legacy_files().map_err(OpenFailure::Store)?;
         self.write_schema().map_err(OpenFailure::Store)?;
         info!(dir = %self.dir.display(), from, to = SCHEMA_VERSION, pods = pods.len(), transitions = log.len(),
-              "journal schema upgraded");
+              files_moved = moved, "journal schema upgraded");
         Ok(())
+    }
+
+    /// Moves the file contents an older schema kept in sled to the contents directory, each on
+    /// disk before it leaves the tree (a move cut short is run again by the next open's upgrade).
+    /// The space sled took for them stays sled's: it reclaims no blob (migrations/README.md).
+    fn move_legacy_files(&self) -> Result<usize, JournalError> {
+        let mut moved = 0;
+        for entry in self.legacy_files.iter() {
+            let (key, content) = entry.map_err(|source| self.store("reading the files tree", source))?;
+            self.contents.put(&content)?;
+            self.legacy_files.remove(key).map_err(|source| self.store("emptying the files tree", source))?;
+            moved += 1;
+        }
+        self.flush()?;
+        Ok(moved)
     }
 
     fn transaction_error(&self, action: &'static str, error: sled::transaction::TransactionError<()>) -> JournalError {
@@ -661,19 +698,14 @@ impl Journal {
         self.flush()
     }
 
-    /// Stores a file's content once, under its checksum.
+    /// Stores a file's content once, under its checksum, durably.
     pub fn put_file(&self, content: &[u8]) -> Result<Checksum, JournalError> {
-        let checksum = Checksum::of(content);
-        if !self.files.contains_key(checksum.as_bytes()).map_err(|source| self.store("checking a file", source))? {
-            self.files.insert(checksum.as_bytes(), content).map_err(|source| self.store("storing a file", source))?;
-        }
-        Ok(checksum)
+        self.contents.put(content)
     }
 
-    /// A stored file's content.
+    /// A stored file's content, checked against its checksum.
     pub fn file(&self, checksum: &Checksum) -> Result<Option<Vec<u8>>, JournalError> {
-        let content = self.files.get(checksum.as_bytes()).map_err(|source| self.store("reading a file", source))?;
-        Ok(content.map(|bytes| bytes.to_vec()))
+        self.contents.get(checksum)
     }
 
     /// Removes stored files no pod's last push, and no pending upload, refers to; returns how many.
@@ -692,22 +724,12 @@ impl Journal {
                     .extend(record.files.into_iter().filter_map(|(_, _, original)| original.map(Checksum::from_bytes)));
             }
         }
-        let mut removed = 0;
-        for key in self.files.iter().keys() {
-            let key = key.map_err(|source| self.store("collecting files", source))?;
-            let known = <[u8; 32]>::try_from(key.as_ref()).ok().map(Checksum::from_bytes);
-            if known.is_none_or(|checksum| !referenced.contains(&checksum)) {
-                self.files.remove(key).map_err(|source| self.store("collecting files", source))?;
-                removed += 1;
-            }
-        }
-        self.flush()?;
-        Ok(removed)
+        self.contents.retain(&referenced)
     }
 
-    /// Bytes the journal occupies on disk.
+    /// Bytes the journal occupies on disk (sled's files and the file contents).
     pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or_default()
+        self.db.size_on_disk().unwrap_or_default() + self.contents.size()
     }
 
     fn store(&self, action: &'static str, source: sled::Error) -> JournalError {
@@ -814,7 +836,8 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
         1 => v3(codec::decode_payload::<PodRecordV1>(kind, version, payload)?.into()),
         2 => v3(codec::decode_payload::<PodRecordV2>(kind, version, payload)?),
         3 => codec::decode_payload::<PodRecordV3>(kind, version, payload)?.into(),
-        4 => codec::decode_payload(kind, version, payload)?,
+        // Schema 5 moved file contents out of sled; pod records are schema 4's.
+        4 | 5 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     Ok(JournaledPod {
@@ -836,10 +859,10 @@ fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
 fn decode_transition(bytes: &[u8]) -> Result<TransitionEntry, CodecError> {
     let kind = RecordKind::Transition;
     let (version, payload) = codec::open(kind, bytes)?;
-    // Schemas 3 and 4 left transitions as schema 2 had them.
+    // Schemas 3 to 5 left transitions as schema 2 had them.
     let record: TransitionRecordV2 = match version {
         1 => codec::decode_payload::<TransitionRecordV1>(kind, version, payload)?.into(),
-        2..=4 => codec::decode_payload(kind, version, payload)?,
+        2..=5 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     transition_entry(record, kind, version)
@@ -950,6 +973,53 @@ mod tests {
         journal.settle_uploads(&uid, &[]).unwrap();
         assert!(journal.pending_uploads(&uid).unwrap().is_empty());
         assert_eq!(journal.collect_files().unwrap(), 1, "settled, the original is collected");
+    }
+
+    /// The bug schema 5 fixed: originals kept in sled stayed on disk after they were collected
+    /// (sled never deletes a blob), so every validation grew the journal by its map files.
+    #[test]
+    fn the_journal_does_not_grow_with_the_originals_it_has_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let (journal, _) = Journal::open(&path, 10).unwrap();
+        let uid = PodUid("u".into());
+        let mut original = vec![b'#'; 700_000];
+        for round in 0..40u32 {
+            original[..4].copy_from_slice(&round.to_be_bytes());
+            journal.record_upload(&uid, StorageKind::Maps, "host.map", Some(&original)).unwrap();
+            journal.settle_uploads(&uid, &[]).unwrap();
+            assert_eq!(journal.collect_files().unwrap(), 1);
+        }
+        let size = journal.size_on_disk();
+        // 40 originals of 700 KB (28 MB) went through; sled's own files stay a few MB.
+        assert!(size < 8 << 20, "journal holds {size} bytes after its originals were collected");
+    }
+
+    #[test]
+    fn a_schema_4_journal_has_its_file_contents_moved_out_of_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let uid = PodUid("u".into());
+        let original = b"example.com be_web\n";
+        {
+            // What a schema 4 build left: an upload to put back, its original in the files tree.
+            let (journal, _) = Journal::open(&path, 10).unwrap();
+            journal.commit(&pod("a", 1, State::Validating)).unwrap();
+            let checksum = Checksum::of(original);
+            journal.legacy_files.insert(checksum.as_bytes(), &original[..]).unwrap();
+            let record = UploadsV1 { files: vec![(0, "host.map".into(), Some(*checksum.as_bytes()))] };
+            journal.uploads.insert(uid.0.as_bytes(), codec::encode(RecordKind::Uploads, 1, &record).unwrap()).unwrap();
+            std::fs::remove_file(journal.contents.path(&checksum)).ok();
+            let meta = codec::encode(RecordKind::Meta, 4, &MetaV1 { schema: 4 }).unwrap();
+            journal.db.insert(SCHEMA_KEY, meta).unwrap();
+            journal.flush().unwrap();
+        }
+        let (journal, report) = Journal::open(&path, 10).unwrap();
+        assert_eq!(report.upgraded_from, Some(4));
+        assert!(journal.legacy_files.is_empty(), "nothing is left in sled");
+        let pending = journal.pending_uploads(&uid).unwrap();
+        assert_eq!(pending[0].original.as_deref(), Some(&original[..]), "the original to put back survives");
+        assert_eq!(journal.pods().unwrap().len(), 1);
     }
 
     #[test]

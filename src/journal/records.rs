@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::fleet::machine::State;
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: u16 = 4;
+pub const SCHEMA_VERSION: u16 = 5;
 
 /// A pod's current record, schema 1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
