@@ -564,7 +564,7 @@ impl Shared {
     }
 
     fn add_cert_file(&self, name: String, file: crate::files::RenderedFile) {
-        super::memo::record_effect(|| super::memo::Effect::Cert { name: name.clone(), file: file.clone() });
+        super::memo::record_effect(|| super::memo::Effect::Cert { name: name.clone(), file: Box::new(file.clone()) });
         self.keep_cert_file(name, file);
     }
 
@@ -580,7 +580,7 @@ impl Shared {
     }
 
     fn add_general_file(&self, name: String, file: crate::files::RenderedFile) {
-        super::memo::record_effect(|| super::memo::Effect::File { name: name.clone(), file: file.clone() });
+        super::memo::record_effect(|| super::memo::Effect::File { name: name.clone(), file: Box::new(file.clone()) });
         self.keep_general_file(name, file);
     }
 
@@ -714,8 +714,8 @@ impl super::memo::RenderState for RenderNow<'_> {
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
             Effect::Slots { .. } => {}
-            Effect::File { name, file } => self.shared.keep_general_file(name.clone(), file.clone()),
-            Effect::Cert { name, file } => self.shared.keep_cert_file(name.clone(), file.clone()),
+            Effect::File { name, file } => self.shared.keep_general_file(name.clone(), (**file).clone()),
+            Effect::Cert { name, file } => self.shared.keep_cert_file(name.clone(), (**file).clone()),
         }
     }
 }
