@@ -47,7 +47,10 @@ impl Contents {
         if path.exists() {
             return Ok(checksum);
         }
-        let partial = self.dir.join(format!("{PARTIAL}{checksum}"));
+        // A name of its own per write: two pods' validations may store the same content at once.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let write_number = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = self.dir.join(format!("{PARTIAL}{checksum}-{}-{write_number}", std::process::id()));
         let write = || -> std::io::Result<()> {
             let mut file = std::fs::File::create(&partial)?;
             file.write_all(content)?;
@@ -74,7 +77,8 @@ impl Contents {
         Ok(Some(content))
     }
 
-    /// Removes every content not in `keep` (and anything half written); returns how many.
+    /// Removes every content not in `keep` (and anything half written: the journal calls this
+    /// only under the lock its writers take); returns how many.
     pub(crate) fn retain(&self, keep: &HashSet<Checksum>) -> Result<usize, JournalError> {
         let entries =
             std::fs::read_dir(&self.dir).map_err(|source| error(&self.dir, "listing the file contents", source))?;

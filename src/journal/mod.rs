@@ -222,6 +222,9 @@ pub struct Journal {
     legacy_files: sled::Tree,
     /// File contents by checksum (originals of uploads to put back), outside sled.
     contents: contents::Contents,
+    /// Held while uploads are recorded or settled and contents collected: a content stored for
+    /// one pod's upload is not collected before the record that refers to it is written.
+    uploads_lock: std::sync::Mutex<()>,
     /// `SlotsV1` records (every backend of a configuration in one), as builds before
     /// `backend_slots` wrote them: read when a configuration has no record there, removed
     /// once its slots are written again.
@@ -326,6 +329,7 @@ impl Journal {
             log: db.open_tree("log").map_err(store("opening the log tree"))?,
             legacy_files: db.open_tree("files").map_err(store("opening the files tree"))?,
             contents: contents::Contents::open(dir).map_err(OpenFailure::Store)?,
+            uploads_lock: std::sync::Mutex::new(()),
             slots: db.open_tree("slots").map_err(store("opening the slots tree"))?,
             backend_slots: db.open_tree("backend_slots").map_err(store("opening the backend slots tree"))?,
             uploads: db.open_tree("uploads").map_err(store("opening the uploads tree"))?,
@@ -641,6 +645,7 @@ impl Journal {
         name: &str,
         original: Option<&[u8]>,
     ) -> Result<(), JournalError> {
+        let _recording = self.lock_uploads();
         let mut record = self.uploads_record(uid)?;
         if !record.files.iter().any(|(k, n, _)| *k == storage_code(kind) && n == name) {
             let original = original.map(|content| self.put_file(content)).transpose()?;
@@ -665,11 +670,14 @@ impl Journal {
         Ok(pending)
     }
 
-    /// Settles a pod's uploads: `keep` are those still to be put back (none after a push).
+    /// Settles a pod's uploads: `keep` are those still to be put back (none after a push); the
+    /// originals no pod needs any more are removed.
     pub fn settle_uploads(&self, uid: &PodUid, keep: &[PendingUpload]) -> Result<(), JournalError> {
+        let _settling = self.lock_uploads();
         if keep.is_empty() {
             self.uploads.remove(uid.0.as_bytes()).map_err(|source| self.store("settling uploads", source))?;
-            return self.flush();
+            self.flush()?;
+            return self.collect_unlocked().map(drop);
         }
         let files = keep
             .iter()
@@ -678,7 +686,13 @@ impl Journal {
                 Ok((storage_code(upload.kind), upload.name.clone(), original.map(|c| *c.as_bytes())))
             })
             .collect::<Result<Vec<_>, JournalError>>()?;
-        self.write_uploads(uid, &UploadsV1 { files })
+        self.write_uploads(uid, &UploadsV1 { files })?;
+        self.collect_unlocked().map(drop)
+    }
+
+    fn lock_uploads(&self) -> std::sync::MutexGuard<'_, ()> {
+        // The lock guards no data: a panic while it was held leaves nothing to distrust.
+        self.uploads_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn uploads_record(&self, uid: &PodUid) -> Result<UploadsV1, JournalError> {
@@ -709,7 +723,13 @@ impl Journal {
     }
 
     /// Removes stored files no pod's last push, and no pending upload, refers to; returns how many.
+    /// Settling uploads does this too.
     pub fn collect_files(&self) -> Result<usize, JournalError> {
+        let _collecting = self.lock_uploads();
+        self.collect_unlocked()
+    }
+
+    fn collect_unlocked(&self) -> Result<usize, JournalError> {
         let mut referenced = std::collections::HashSet::new();
         for pod in self.pods()? {
             referenced.extend(pod.pushed.unwrap_or_default().into_iter().map(|(_, checksum)| checksum));
@@ -972,7 +992,36 @@ mod tests {
         assert_eq!(journal.pending_uploads(&uid).unwrap().len(), 1);
         journal.settle_uploads(&uid, &[]).unwrap();
         assert!(journal.pending_uploads(&uid).unwrap().is_empty());
-        assert_eq!(journal.collect_files().unwrap(), 1, "settled, the original is collected");
+        assert_eq!(journal.file(&Checksum::of(b"last good\n")).unwrap(), None, "settled, the original is collected");
+        assert_eq!(journal.collect_files().unwrap(), 0);
+    }
+
+    /// Two pods' validations store the same original at once (the bug a churn run found: both
+    /// wrote one partial file, and the second rename found it gone).
+    #[test]
+    fn pods_storing_the_same_original_at_once_both_succeed_and_it_is_kept_while_either_needs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&dir.path().join("journal"), 10).unwrap();
+        let journal = Arc::new(journal);
+        let original = vec![b'm'; 200_000];
+        let pods: Vec<_> = (0..4)
+            .map(|pod| {
+                let (journal, original) = (journal.clone(), original.clone());
+                std::thread::spawn(move || {
+                    let uid = PodUid(format!("pod-{pod}"));
+                    for _ in 0..25 {
+                        journal.record_upload(&uid, StorageKind::Maps, "host.map", Some(&original)).unwrap();
+                        let pending = journal.pending_uploads(&uid).unwrap();
+                        assert_eq!(pending[0].original.as_deref(), Some(&original[..]));
+                        journal.settle_uploads(&uid, &[]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for pod in pods {
+            pod.join().unwrap();
+        }
+        assert_eq!(journal.file(&Checksum::of(&original)).unwrap(), None, "collected once no pod needs it");
     }
 
     /// The bug schema 5 fixed: originals kept in sled stayed on disk after they were collected
@@ -988,7 +1037,6 @@ mod tests {
             original[..4].copy_from_slice(&round.to_be_bytes());
             journal.record_upload(&uid, StorageKind::Maps, "host.map", Some(&original)).unwrap();
             journal.settle_uploads(&uid, &[]).unwrap();
-            assert_eq!(journal.collect_files().unwrap(), 1);
         }
         let size = journal.size_on_disk();
         // 40 originals of 700 KB (28 MB) went through; sled's own files stay a few MB.
