@@ -34,7 +34,7 @@ impl Contents {
         Ok(Self { dir })
     }
 
-    pub(super) fn path(&self, checksum: &Checksum) -> PathBuf {
+    fn path(&self, checksum: &Checksum) -> PathBuf {
         self.dir.join(checksum.to_string())
     }
 

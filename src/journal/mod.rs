@@ -677,16 +677,16 @@ impl Journal {
         if keep.is_empty() {
             self.uploads.remove(uid.0.as_bytes()).map_err(|source| self.store("settling uploads", source))?;
             self.flush()?;
-            return self.collect_unlocked().map(drop);
+        } else {
+            let files = keep
+                .iter()
+                .map(|upload| {
+                    let original = upload.original.as_deref().map(|content| self.put_file(content)).transpose()?;
+                    Ok((storage_code(upload.kind), upload.name.clone(), original.map(|c| *c.as_bytes())))
+                })
+                .collect::<Result<Vec<_>, JournalError>>()?;
+            self.write_uploads(uid, &UploadsV1 { files })?;
         }
-        let files = keep
-            .iter()
-            .map(|upload| {
-                let original = upload.original.as_deref().map(|content| self.put_file(content)).transpose()?;
-                Ok((storage_code(upload.kind), upload.name.clone(), original.map(|c| *c.as_bytes())))
-            })
-            .collect::<Result<Vec<_>, JournalError>>()?;
-        self.write_uploads(uid, &UploadsV1 { files })?;
         self.collect_unlocked().map(drop)
     }
 
@@ -1057,7 +1057,6 @@ mod tests {
             journal.legacy_files.insert(checksum.as_bytes(), &original[..]).unwrap();
             let record = UploadsV1 { files: vec![(0, "host.map".into(), Some(*checksum.as_bytes()))] };
             journal.uploads.insert(uid.0.as_bytes(), codec::encode(RecordKind::Uploads, 1, &record).unwrap()).unwrap();
-            std::fs::remove_file(journal.contents.path(&checksum)).ok();
             let meta = codec::encode(RecordKind::Meta, 4, &MetaV1 { schema: 4 }).unwrap();
             journal.db.insert(SCHEMA_KEY, meta).unwrap();
             journal.flush().unwrap();
