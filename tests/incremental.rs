@@ -7,6 +7,8 @@
 
 #[path = "support/chart_config.rs"]
 mod chart_config;
+#[path = "support/synthetic.rs"]
+mod synthetic;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -312,4 +314,65 @@ proptest! {
             }
         }
     }
+}
+
+/// Renders of `objects` by `config` as it is and by `config` keeping whole objects, with what
+/// haptic itself reads of the Services (their `status.loadBalancer`: publishService's address).
+fn rendered_kept_and_whole(config: &HAProxyTemplateConfig, objects: &[Json]) -> [String; 2] {
+    let mut whole = config.clone();
+    for watched in whole.spec.watched_resources.values_mut() {
+        watched.fields.clear();
+    }
+    [config, &whole].map(|config| {
+        let sourced: Vec<_> = objects.iter().map(|o| (PathBuf::from("served"), o.clone())).collect();
+        let stores = haptic::offline::build_stores(&config.spec, &sourced).expect("stores build");
+        let renderer = Renderer::compile(&config.spec).expect("the chart's configuration compiles");
+        let balancers: Vec<Json> = stores["services"]
+            .iter()
+            .map(|service| serde_json::to_value(&service.value).expect("a value")["status"]["loadBalancer"].clone())
+            .collect();
+        match renderer.render_leaving_out(&stores, &[], 8) {
+            Ok((files, left_out)) => format!(
+                "{files:#?}\nleft out: {:?}\nload balancers: {balancers:?}",
+                left_out.iter().map(ToString::to_string).collect::<Vec<_>>()
+            ),
+            Err(error) => format!("refused: {error}"),
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Off)),
+        ..ProptestConfig::default()
+    })]
+
+    /// The chart's `fields` keep everything its library reads: objects as an API server serves
+    /// them render the same whether their stores keep those fields or the whole objects.
+    #[test]
+    fn the_fields_the_chart_keeps_render_what_whole_objects_render(
+        mut world in start(),
+        changes in prop::collection::vec(change(), 0..8),
+    ) {
+        for change in &changes {
+            world.apply(change);
+        }
+        prop_assume!(config().spec.watched_resources.values().any(|watched| !watched.fields.is_empty()));
+        let objects: Vec<Json> = world.objects().into_iter().enumerate().map(|(n, o)| synthetic::as_served(o, n)).collect();
+        let [kept, whole] = rendered_kept_and_whole(config(), &objects);
+        prop_assert_eq!(kept, whole);
+    }
+}
+
+/// The same with the Gateway API on: HTTPRoutes to Services whose ports name protocols.
+#[test]
+fn the_fields_the_chart_keeps_serve_the_gateway_api_as_whole_objects_do() {
+    let config =
+        chart_config::chart_config_with(&["gatewayAPI.enabled=true"]).expect("the chart's configuration renders");
+    let objects: Vec<Json> =
+        synthetic::httproute_fleet(30).into_iter().enumerate().map(|(n, o)| synthetic::as_served(o, n)).collect();
+    let [kept, whole] = rendered_kept_and_whole(&config, &objects);
+    assert!(kept.contains("backend"), "the routes are served: {kept}");
+    assert_eq!(kept, whole);
 }

@@ -237,6 +237,12 @@ pub struct WatchedResource {
     /// whose status haptic itself writes; templates still see their latest values.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore_fields: Vec<String>,
+    /// Field paths of each object the templates read (`spec.ports`, `endpoints[*].addresses`:
+    /// `[*]` for every item of a list); when set, the rest is dropped as objects arrive (less
+    /// memory, and a change only there causes no render). `metadata.namespace`,
+    /// `metadata.name` and the `indexBy` and `ignoreFields` paths are always kept. Empty: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
 }
 
 fn default_index_by() -> Vec<String> {

@@ -39,14 +39,27 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
                 message: "needs at least one field path".into(),
             });
         }
+        // `[*]` names many values: an index key or an ignored value is one.
+        let one_value = |path: &str| {
+            FieldPath::parse(path).and_then(|parsed| match parsed.names_many() {
+                true => Err(format!("{path:?}: [*] names every item of a list; this path names one value")),
+                false => Ok(parsed),
+            })
+        };
         for (i, path) in watched.index_by.iter().enumerate() {
-            if let Err(message) = FieldPath::parse(path) {
+            if let Err(message) = one_value(path) {
                 found.push(ConfigProblem { field: format!("watchedResources.{alias}.indexBy[{i}]"), message });
             }
         }
         for (i, path) in watched.ignore_fields.iter().enumerate() {
-            if let Err(message) = FieldPath::parse(path) {
+            if let Err(message) = one_value(path) {
                 found.push(ConfigProblem { field: format!("watchedResources.{alias}.ignoreFields[{i}]"), message });
+            }
+        }
+        for (i, path) in watched.fields.iter().enumerate() {
+            let kept = FieldPath::parse(path).and_then(|parsed| crate::store::Projection::new([&parsed]));
+            if let Err(message) = kept {
+                found.push(ConfigProblem { field: format!("watchedResources.{alias}.fields[{i}]"), message });
             }
         }
     }
@@ -170,6 +183,28 @@ mod tests {
         assert!(found[0].starts_with("spec.watchedResources.ingresses.indexBy[1]: "), "{found:?}");
         assert!(found[0].contains("never closed"));
         assert_eq!(found[1], "spec.dataplane.debounce: window 10s is longer than maxDelay 1s");
+    }
+
+    #[test]
+    fn kept_fields_step_into_lists_by_each_item_and_only_they_may() {
+        let mut spec = spec("metadata.name");
+        spec.dataplane.debounce = Default::default();
+        let ingresses = spec.watched_resources.get_mut("ingresses").unwrap();
+        ingresses.fields = vec!["spec.rules[*].host".into(), "spec.tls".into()];
+        assert_eq!(problems(&spec), []);
+        let ingresses = spec.watched_resources.get_mut("ingresses").unwrap();
+        ingresses.fields = vec!["spec.rules[0]".into()];
+        ingresses.ignore_fields = vec!["status.loadBalancer.ingress[*]".into()];
+        let found: Vec<_> = problems(&spec).iter().map(ToString::to_string).collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].starts_with("spec.watchedResources.ingresses.ignoreFields[0]: ") && found[0].contains("one value"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("spec.watchedResources.ingresses.fields[0]: ") && found[1].contains("[*]"),
+            "{found:?}"
+        );
     }
 
     #[test]

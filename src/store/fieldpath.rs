@@ -16,6 +16,8 @@ pub struct FieldPath {
 enum Segment {
     Key(String),
     Index(usize),
+    /// `[*]`: every item of a list (only what a store keeps, `fields`, may say it).
+    Each,
 }
 
 impl FieldPath {
@@ -36,12 +38,12 @@ impl FieldPath {
                     let inner = &text[i + 1..i + close];
                     let segment = if let Some(quoted) = strip_quotes(inner) {
                         Segment::Key(quoted.to_owned())
+                    } else if inner == "*" {
+                        Segment::Each
                     } else {
-                        Segment::Index(
-                            inner
-                                .parse()
-                                .map_err(|_| format!("{text:?}: [{inner}] is neither a quoted key nor a list index"))?,
-                        )
+                        Segment::Index(inner.parse().map_err(|_| {
+                            format!("{text:?}: [{inner}] is neither a quoted key, a list index nor [*]")
+                        })?)
                     };
                     segments.push(segment);
                     i += close + 1;
@@ -71,7 +73,19 @@ impl FieldPath {
         self.segments.iter().try_fold(value, |current, segment| match segment {
             Segment::Key(key) => current.get(key),
             Segment::Index(index) => current.get(index),
+            Segment::Each => None,
         })
+    }
+
+    /// Whether the path says `[*]` somewhere, which names many values, not one: only a store's
+    /// `fields` may.
+    pub fn names_many(&self) -> bool {
+        self.segments.contains(&Segment::Each)
+    }
+
+    /// Whether the path steps into a list by position (`[0]`), which `fields` cannot keep alone.
+    pub fn indexes_a_list(&self) -> bool {
+        self.segments.iter().any(|segment| matches!(segment, Segment::Index(_)))
     }
 
     /// The container holding this path's last step, and that step (`None` when a step before it
@@ -81,6 +95,7 @@ impl FieldPath {
         let parent = parents.iter().try_fold(value, |current, segment| match segment {
             Segment::Key(key) => current.get_mut(key),
             Segment::Index(index) => current.get_mut(index),
+            Segment::Each => None,
         })?;
         Some((parent, last))
     }
@@ -90,6 +105,7 @@ impl FieldPath {
         match self.parent_mut(value)? {
             (parent, Segment::Key(key)) => parent.as_object_mut()?.remove(key),
             (parent, Segment::Index(index)) => parent.get_mut(index).map(std::mem::take),
+            (_, Segment::Each) => None,
         }
     }
 
@@ -116,6 +132,73 @@ impl FieldPath {
             Value::Bool(b) => Some(b.to_string()),
             _ => None,
         }
+    }
+}
+
+/// What a store keeps of each object (a watched resource's `fields`): the values at a set of
+/// paths, everything else dropped as the object arrives. A path keeps its whole value; `[*]`
+/// keeps that part of every item of a list (the items stay, in order, so positions still mean
+/// the same); a map that keeps nothing is left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Projection {
+    root: Kept,
+}
+
+/// One level of a projection: kept whole, or some of its keys, or a part of each item.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Kept {
+    whole: bool,
+    keys: std::collections::BTreeMap<String, Kept>,
+    each: Option<Box<Kept>>,
+}
+
+impl Projection {
+    /// The projection keeping `paths`; refused when a path steps into a list by position (an
+    /// item kept alone would move to the front of its list).
+    pub fn new<'p>(paths: impl IntoIterator<Item = &'p FieldPath>) -> Result<Self, String> {
+        let mut root = Kept::default();
+        for path in paths {
+            let mut level = &mut root;
+            for segment in &path.segments {
+                level = match segment {
+                    Segment::Key(key) => level.keys.entry(key.clone()).or_default(),
+                    Segment::Each => level.each.get_or_insert_with(Box::default),
+                    Segment::Index(_) => {
+                        return Err(format!("{path}: a list item is kept by [*] (every item), not by its position"));
+                    }
+                };
+            }
+            level.whole = true;
+        }
+        Ok(Self { root })
+    }
+
+    /// What is kept of `object`.
+    pub fn apply(&self, object: Value) -> Value {
+        keep(&self.root, object).unwrap_or_else(|| Value::Object(serde_json::Map::new()))
+    }
+}
+
+/// What `kept` keeps of `value`: none when nothing.
+fn keep(kept: &Kept, value: Value) -> Option<Value> {
+    if kept.whole {
+        return Some(value);
+    }
+    match value {
+        Value::Object(mut map) if !kept.keys.is_empty() => {
+            let mut out = serde_json::Map::new();
+            for (key, below) in &kept.keys {
+                if let Some(value) = map.remove(key).and_then(|value| keep(below, value)) {
+                    out.insert(key.clone(), value);
+                }
+            }
+            (!out.is_empty()).then_some(Value::Object(out))
+        }
+        Value::Array(items) => {
+            let each = kept.each.as_deref()?;
+            Some(Value::Array(items.into_iter().map(|item| keep(each, item).unwrap_or(Value::Null)).collect()))
+        }
+        _ => None,
     }
 }
 
@@ -162,6 +245,68 @@ mod tests {
         assert_eq!(resolve("spec.ports[0].port").as_deref(), Some("80"));
         assert_eq!(resolve("spec.ports[1].port"), None);
         assert_eq!(resolve("metadata.namespace"), None);
+    }
+
+    fn projection(paths: &[&str]) -> Projection {
+        let paths: Vec<FieldPath> = paths.iter().map(|p| FieldPath::parse(p).unwrap()).collect();
+        Projection::new(&paths).unwrap()
+    }
+
+    #[test]
+    fn a_projection_keeps_the_paths_and_drops_the_rest() {
+        let slice = json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "web", "name": "shop-x", "uid": "0d1e", "generation": 4,
+                         "labels": {"kubernetes.io/service-name": "shop", "endpointslice.kubernetes.io/managed-by": "c"},
+                         "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-12-04T10:00:00Z"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "nodeName": "n1",
+                 "targetRef": {"kind": "Pod", "name": "shop-1", "uid": "aa"}},
+                "not a map",
+                {"addresses": ["10.0.0.2"], "zone": "z"}
+            ]
+        });
+        let kept = projection(&[
+            "metadata.namespace",
+            "metadata.name",
+            "metadata.labels['kubernetes.io/service-name']",
+            "addressType",
+            "ports",
+            "endpoints[*].addresses",
+            "endpoints[*].conditions",
+            "spec.absent",
+        ])
+        .apply(slice);
+        assert_eq!(
+            kept,
+            json!({
+                "metadata": {"namespace": "web", "name": "shop-x", "labels": {"kubernetes.io/service-name": "shop"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080}],
+                "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}}, null, {"addresses": ["10.0.0.2"]}]
+            })
+        );
+    }
+
+    #[test]
+    fn a_whole_value_wins_over_a_part_of_it_and_empty_maps_are_left_out() {
+        let object = json!({"metadata": {"name": "a", "labels": {"x": "1", "y": "2"}}, "spec": {"type": "ClusterIP"}});
+        assert_eq!(
+            projection(&["metadata.labels['x']", "metadata", "spec.ports"]).apply(object.clone()),
+            json!({"metadata": {"name": "a", "labels": {"x": "1", "y": "2"}}})
+        );
+        assert_eq!(projection(&["status"]).apply(object), json!({}));
+    }
+
+    #[test]
+    fn a_projection_refuses_a_list_position_and_other_paths_refuse_each() {
+        let error = Projection::new(&[FieldPath::parse("spec.ports[0]").unwrap()]).unwrap_err();
+        assert!(error.contains("[*]"), "{error}");
+        let each = FieldPath::parse("endpoints[*].addresses").unwrap();
+        assert!(each.names_many());
+        assert_eq!(each.resolve(&json!({"endpoints": [{"addresses": ["a"]}]})), None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value as Json;
 use thiserror::Error;
 
-pub use fieldpath::FieldPath;
+pub use fieldpath::{FieldPath, Projection};
 
 use crate::files::Checksum;
 
@@ -96,6 +96,8 @@ pub struct ResourceStore {
     index_by: Vec<FieldPath>,
     // Paths left out of the content checksum: a change there alone is no change.
     ignore_fields: Vec<FieldPath>,
+    // What is kept of each object (`fields`); none: all of it.
+    projection: Option<Projection>,
     objects: BTreeMap<ObjectKey, Arc<StoredObject>>,
     // Holds the objects themselves so a lookup needs no second search, each group sorted by
     // key. A vector, not a map: most groups hold one object (an index by namespace and name),
@@ -173,6 +175,7 @@ impl ResourceStore {
             kind: compact::intern(kind.as_ref()),
             index_by,
             ignore_fields: Vec::new(),
+            projection: None,
             objects: BTreeMap::new(),
             index: HashMap::new(),
             generation: next_generation(),
@@ -180,11 +183,32 @@ impl ResourceStore {
         }
     }
 
-    /// The empty store a watched resource's settings describe (`indexBy`, `ignoreFields`); the
-    /// error says which path does not parse.
+    /// The empty store a watched resource's settings describe (`indexBy`, `ignoreFields`,
+    /// `fields`); the error says which path does not parse.
     pub fn for_watched(watched: &crate::config::WatchedResource) -> Result<Self, String> {
         let parse = |paths: &[String]| paths.iter().map(|path| FieldPath::parse(path)).collect::<Result<Vec<_>, _>>();
-        Ok(Self::new(&watched.kind, parse(&watched.index_by)?).with_ignored_fields(parse(&watched.ignore_fields)?))
+        let index_by = parse(&watched.index_by)?;
+        let ignore_fields = parse(&watched.ignore_fields)?;
+        let store = Self::new(&watched.kind, index_by.clone()).with_ignored_fields(ignore_fields.clone());
+        if watched.fields.is_empty() {
+            return Ok(store);
+        }
+        // An object's identity and its index and ignored values are kept whatever `fields` says:
+        // the store and the status writer need them.
+        let always = ["apiVersion", "kind", "metadata.namespace", "metadata.name"].map(FieldPath::parse);
+        let kept = always
+            .into_iter()
+            .chain(watched.fields.iter().map(|path| FieldPath::parse(path)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let projection = Projection::new(kept.iter().chain(&index_by).chain(&ignore_fields))?;
+        Ok(store.with_projection(projection))
+    }
+
+    /// This store keeping only what `projection` keeps of each object (`fields`): the rest is
+    /// dropped before the content checksum, so a change only there is no change.
+    pub fn with_projection(mut self, projection: Projection) -> Self {
+        self.projection = Some(projection);
+        self
     }
 
     /// This store with `paths` whose changes alone are no change (`ignoreFields`): such an
@@ -253,6 +277,9 @@ impl ResourceStore {
     /// The stored form of `object` for this store (noise stripped, compact, indexed), without
     /// storing it: a re-list prepares each object as it arrives and replaces the scope at the end.
     pub fn prepare(&self, mut object: Json) -> Result<StoredObject, StoreError> {
+        if let Some(projection) = &self.projection {
+            object = projection.apply(object);
+        }
         strip_noise(&mut object);
         // Objects listed in a watch may not say their apiVersion: the kind decides too.
         if GATEWAY_API_KINDS.contains(&&*self.kind)
@@ -485,6 +512,44 @@ mod tests {
         );
         assert!(store.apply(ingress("shop.example.com", "192.0.2.2")).unwrap(), "the spec changed");
         assert!(!store.replace_all([ingress("shop.example.com", "192.0.2.3")]).unwrap());
+    }
+
+    #[test]
+    fn a_store_keeps_only_its_fields_and_a_change_elsewhere_is_no_change() {
+        let watched: crate::config::WatchedResource = serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "indexBy": ["metadata.namespace", "metadata.labels['kubernetes.io/service-name']"],
+            "ignoreFields": ["metadata.annotations['note']"],
+            "fields": ["ports", "endpoints[*].addresses"]
+        }))
+        .unwrap();
+        let mut store = ResourceStore::for_watched(&watched).unwrap();
+        let slice = |address: &str, node: &str| {
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                   "metadata": {"namespace": "a", "name": "web-x", "uid": "1f", "generation": 3,
+                                "labels": {"kubernetes.io/service-name": "web", "other": "x"},
+                                "annotations": {"note": "kept", "trigger-time": node}},
+                   "ports": [{"port": 80}],
+                   "endpoints": [{"addresses": [address], "nodeName": node}]})
+        };
+        assert!(store.apply(slice("10.0.0.1", "n1")).unwrap());
+        assert_eq!(
+            store.apply_noting(slice("10.0.0.1", "n2")).unwrap(),
+            Applied::Unchanged,
+            "only dropped fields moved"
+        );
+        assert!(store.apply(slice("10.0.0.2", "n2")).unwrap(), "a kept field changed");
+        let key = ["a".to_owned(), "web".to_owned()];
+        let stored = store.lookup(&key).next().expect("found by its index key");
+        let kept: Json = serde_json::to_value(&stored.value).unwrap();
+        assert_eq!(
+            kept,
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                                "metadata": {"namespace": "a", "name": "web-x",
+                                             "labels": {"kubernetes.io/service-name": "web"},
+                                             "annotations": {"note": "kept"}},
+                                "ports": [{"port": 80}], "endpoints": [{"addresses": ["10.0.0.2"]}]})
+        );
     }
 
     #[test]

@@ -78,6 +78,7 @@ fn render(c: &mut Criterion) {
     render_fleets(c, "full_render_two_paths", &example_config(), 2);
     match chart_config() {
         Some(config) => {
+            stores_as_served(&config);
             render_fleets(c, "chart_library", &config, 1);
             render_changes(c, &config);
         }
@@ -88,6 +89,31 @@ fn render(c: &mut Criterion) {
         Some(config) => render_httproutes(c, &config),
         None => println!("gateway_library: skipped (no Helm)"),
     }
+}
+
+/// The stores of 10,000 Ingresses whose Services and EndpointSlices carry what an API server
+/// serves (cluster IPs, status, target refs, node names...), kept whole and as the chart's
+/// `fields` keep them (issue #17: keep only what templates read).
+fn stores_as_served(config: &HAProxyTemplateConfig) {
+    let count = 10_000;
+    let objects: Vec<_> =
+        synthetic::ingress_fleet(count).into_iter().enumerate().map(|(n, o)| synthetic::as_served(o, n)).collect();
+    let mut whole = config.clone();
+    for watched in whole.spec.watched_resources.values_mut() {
+        watched.fields.clear();
+    }
+    let held = |config: &HAProxyTemplateConfig| {
+        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        let stores = stores_for(config, &objects);
+        let held = LIVE_BYTES.load(Ordering::Relaxed) - before;
+        drop(stores);
+        held as f64 / 1048576.0
+    };
+    let (kept, all) = (held(config), held(&whole));
+    println!(
+        "chart_library: stores for {count} Ingresses as an API server serves them (+ Services, EndpointSlices): {all:.1} MiB whole, {kept:.1} MiB keeping the chart's fields ({:.0}% less)",
+        100.0 * (1.0 - kept / all)
+    );
 }
 
 /// Incremental rendering (issue #17): one Ingress changed (its path, back and forth), or one

@@ -93,3 +93,62 @@ pub fn httproute_fleet(count: usize) -> Vec<Value> {
     }
     objects
 }
+
+/// `object` as an API server (and the EndpointSlice controller) would hand it over: with the
+/// fields the chart's `fields` drop (identity, defaults, status, target refs, node names, zones,
+/// trigger times), endpoints in every condition, and ports with an application protocol.
+pub fn as_served(mut object: Value, n: usize) -> Value {
+    let kind = object["kind"].as_str().unwrap_or_default().to_owned();
+    let metadata = &mut object["metadata"];
+    metadata["uid"] = json!(format!("4c5e1d2a-0000-4000-8000-{n:012}"));
+    metadata["creationTimestamp"] = json!("2026-12-04T10:00:00Z");
+    metadata["generation"] = json!(n % 7 + 1);
+    match kind.as_str() {
+        "Service" => {
+            metadata["labels"] = json!({"app": "shop"});
+            let spec = &mut object["spec"];
+            for key in ["clusterIP", "clusterIPs", "ipFamilies"] {
+                spec[key] = if key == "clusterIP" { json!("10.96.0.10") } else { json!(["10.96.0.10"]) };
+            }
+            spec["ipFamilies"] = json!(["IPv4"]);
+            spec["ipFamilyPolicy"] = json!("SingleStack");
+            spec["sessionAffinity"] = json!("None");
+            spec["type"] = json!("ClusterIP");
+            spec["internalTrafficPolicy"] = json!("Cluster");
+            spec["selector"] = json!({"app": "shop"});
+            if let Some(port) = spec["ports"].get_mut(0) {
+                port["protocol"] = json!("TCP");
+                if n.is_multiple_of(3) {
+                    port["appProtocol"] = json!("kubernetes.io/h2c");
+                }
+            }
+            object["status"] = if n.is_multiple_of(5) {
+                json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.9"}]}})
+            } else {
+                json!({"loadBalancer": {}})
+            };
+        }
+        "EndpointSlice" => {
+            metadata["labels"]["endpointslice.kubernetes.io/managed-by"] = json!("endpointslice-controller.k8s.io");
+            metadata["annotations"] =
+                json!({"endpoints.kubernetes.io/last-change-trigger-time": "2026-12-04T10:00:00Z"});
+            metadata["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Service", "name": "svc", "uid": "1"}]);
+            if let Some(endpoints) = object["endpoints"].as_array_mut() {
+                for (k, endpoint) in endpoints.iter_mut().enumerate() {
+                    endpoint["nodeName"] = json!(format!("node-{k}"));
+                    endpoint["zone"] = json!("z1");
+                    endpoint["targetRef"] =
+                        json!({"kind": "Pod", "namespace": "web", "name": format!("pod-{k}"), "uid": "2"});
+                    endpoint["conditions"] = match (n + k) % 4 {
+                        0 => json!({"ready": true, "serving": true, "terminating": false}),
+                        1 => json!({"ready": false, "serving": true, "terminating": true}),
+                        2 => json!({"ready": false}),
+                        _ => json!({}),
+                    };
+                }
+            }
+        }
+        _ => {}
+    }
+    object
+}
