@@ -76,7 +76,7 @@ pub enum WatchError {
         /// Discovery's error.
         source: kube::Error,
     },
-    /// An `indexBy` or `ignoreFields` path does not parse.
+    /// An `indexBy`, `ignoreFields` or `fields` path does not parse (or cannot be kept).
     #[error("spec.watchedResources.{alias}: {detail}")]
     FieldPath {
         /// The alias.
