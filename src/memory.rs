@@ -2,7 +2,8 @@
 //! whose renders are megabytes (a 4 MB configuration at 10,000 Ingresses, copied into each
 //! push) keeps a heap arena per thread that touched such buffers and raises its mapping
 //! threshold past them, so freed renders stay in the process: measured under churn at 10,000
-//! Ingresses, 461 MiB peak against 351 MiB with the settings below (docs/benchmarks.md).
+//! Ingresses, 461 MiB peak against 351 MiB with two arenas and large buffers mapped apart, and
+//! 210 / 205 MiB against 188 MiB with one arena instead of two (docs/benchmarks.md).
 
 /// Caps glibc's arenas and has buffers of 1 MiB or more mapped apart (returned to the system
 /// when freed), unless the environment sets either (`MALLOC_ARENA_MAX`,
@@ -11,7 +12,9 @@
 pub fn return_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        const ARENAS: libc::c_int = 2;
+        // One arena: the controller's threads seldom allocate at once (renders run one at a
+        // time), and each more arena keeps its own partly used pages (20 MiB at the peak).
+        const ARENAS: libc::c_int = 1;
         const MAPPED_FROM: libc::c_int = 1024 * 1024;
         // SAFETY: mallopt only changes allocator parameters; it is called before any thread
         // starts, and a refused setting (0 returned) leaves glibc's default in place.
