@@ -319,10 +319,7 @@ proptest! {
 /// Renders of `objects` by `config` as it is and by `config` keeping whole objects, with what
 /// haptic itself reads of the Services (their `status.loadBalancer`: publishService's address).
 fn rendered_kept_and_whole(config: &HAProxyTemplateConfig, objects: &[Json]) -> [String; 2] {
-    let mut whole = config.clone();
-    for watched in whole.spec.watched_resources.values_mut() {
-        watched.fields.clear();
-    }
+    let whole = synthetic::keeping_whole_objects(config);
     [config, &whole].map(|config| {
         let sourced: Vec<_> = objects.iter().map(|o| (PathBuf::from("served"), o.clone())).collect();
         let stores = haptic::offline::build_stores(&config.spec, &sourced).expect("stores build");
@@ -359,7 +356,7 @@ proptest! {
             world.apply(change);
         }
         prop_assume!(config().spec.watched_resources.values().any(|watched| !watched.fields.is_empty()));
-        let objects: Vec<Json> = world.objects().into_iter().enumerate().map(|(n, o)| synthetic::as_served(o, n)).collect();
+        let objects = synthetic::served(world.objects());
         let [kept, whole] = rendered_kept_and_whole(config(), &objects);
         prop_assert_eq!(kept, whole);
     }
@@ -370,8 +367,7 @@ proptest! {
 fn the_fields_the_chart_keeps_serve_the_gateway_api_as_whole_objects_do() {
     let config =
         chart_config::chart_config_with(&["gatewayAPI.enabled=true"]).expect("the chart's configuration renders");
-    let objects: Vec<Json> =
-        synthetic::httproute_fleet(30).into_iter().enumerate().map(|(n, o)| synthetic::as_served(o, n)).collect();
+    let objects = synthetic::served(synthetic::httproute_fleet(30));
     let [kept, whole] = rendered_kept_and_whole(&config, &objects);
     assert!(kept.contains("backend"), "the routes are served: {kept}");
     assert_eq!(kept, whole);

@@ -41,9 +41,11 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
         }
         // `[*]` names many values: an index key or an ignored value is one.
         let one_value = |path: &str| {
-            FieldPath::parse(path).and_then(|parsed| match parsed.names_many() {
-                true => Err(format!("{path:?}: [*] names every item of a list; this path names one value")),
-                false => Ok(parsed),
+            FieldPath::parse(path).and_then(|parsed| {
+                if parsed.names_many() {
+                    return Err(format!("{path:?}: [*] names every item of a list; this path names one value"));
+                }
+                Ok(parsed)
             })
         };
         for (i, path) in watched.index_by.iter().enumerate() {

@@ -83,11 +83,6 @@ impl FieldPath {
         self.segments.contains(&Segment::Each)
     }
 
-    /// Whether the path steps into a list by position (`[0]`), which `fields` cannot keep alone.
-    pub fn indexes_a_list(&self) -> bool {
-        self.segments.iter().any(|segment| matches!(segment, Segment::Index(_)))
-    }
-
     /// The container holding this path's last step, and that step (`None` when a step before it
     /// does not exist).
     fn parent_mut<'v>(&self, value: &'v mut Value) -> Option<(&'v mut Value, &Segment)> {
@@ -139,13 +134,13 @@ impl FieldPath {
 /// paths, everything else dropped as the object arrives. A path keeps its whole value; `[*]`
 /// keeps that part of every item of a list (the items stay, in order, so positions still mean
 /// the same); a map that keeps nothing is left out.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Projection {
     root: Kept,
 }
 
 /// One level of a projection: kept whole, or some of its keys, or a part of each item.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 struct Kept {
     whole: bool,
     keys: std::collections::BTreeMap<String, Kept>,

@@ -96,7 +96,8 @@ pub struct ResourceStore {
     index_by: Vec<FieldPath>,
     // Paths left out of the content checksum: a change there alone is no change.
     ignore_fields: Vec<FieldPath>,
-    // What is kept of each object (`fields`); none: all of it.
+    // What is kept of each object (`fields`), before the content checksum, so a change only in
+    // a dropped part is no change; none: all of it.
     projection: Option<Projection>,
     objects: BTreeMap<ObjectKey, Arc<StoredObject>>,
     // Holds the objects themselves so a lookup needs no second search, each group sorted by
@@ -189,26 +190,18 @@ impl ResourceStore {
         let parse = |paths: &[String]| paths.iter().map(|path| FieldPath::parse(path)).collect::<Result<Vec<_>, _>>();
         let index_by = parse(&watched.index_by)?;
         let ignore_fields = parse(&watched.ignore_fields)?;
-        let store = Self::new(&watched.kind, index_by.clone()).with_ignored_fields(ignore_fields.clone());
-        if watched.fields.is_empty() {
-            return Ok(store);
-        }
         // An object's identity and its index and ignored values are kept whatever `fields` says:
         // the store and the status writer need them.
-        let always = ["apiVersion", "kind", "metadata.namespace", "metadata.name"].map(FieldPath::parse);
-        let kept = always
-            .into_iter()
-            .chain(watched.fields.iter().map(|path| FieldPath::parse(path)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let projection = Projection::new(kept.iter().chain(&index_by).chain(&ignore_fields))?;
-        Ok(store.with_projection(projection))
-    }
-
-    /// This store keeping only what `projection` keeps of each object (`fields`): the rest is
-    /// dropped before the content checksum, so a change only there is no change.
-    pub fn with_projection(mut self, projection: Projection) -> Self {
-        self.projection = Some(projection);
-        self
+        let projection = if watched.fields.is_empty() {
+            None
+        } else {
+            let always = ["apiVersion", "kind", "metadata.namespace", "metadata.name"].map(String::from);
+            let kept = parse(&[&always[..], &watched.fields].concat())?;
+            Some(Projection::new(kept.iter().chain(&index_by).chain(&ignore_fields))?)
+        };
+        let mut store = Self::new(&watched.kind, index_by).with_ignored_fields(ignore_fields);
+        store.projection = projection;
+        Ok(store)
     }
 
     /// This store with `paths` whose changes alone are no change (`ignoreFields`): such an

@@ -96,12 +96,8 @@ fn render(c: &mut Criterion) {
 /// `fields` keep them (issue #17: keep only what templates read).
 fn stores_as_served(config: &HAProxyTemplateConfig) {
     let count = 10_000;
-    let objects: Vec<_> =
-        synthetic::ingress_fleet(count).into_iter().enumerate().map(|(n, o)| synthetic::as_served(o, n)).collect();
-    let mut whole = config.clone();
-    for watched in whole.spec.watched_resources.values_mut() {
-        watched.fields.clear();
-    }
+    let objects = synthetic::served(synthetic::ingress_fleet(count));
+    let whole = synthetic::keeping_whole_objects(config);
     let held = |config: &HAProxyTemplateConfig| {
         let before = LIVE_BYTES.load(Ordering::Relaxed);
         let stores = stores_for(config, &objects);

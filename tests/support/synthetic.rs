@@ -94,10 +94,25 @@ pub fn httproute_fleet(count: usize) -> Vec<Value> {
     objects
 }
 
+/// `objects` as an API server (and the EndpointSlice controller) would hand them over (see
+/// [`as_served`]).
+pub fn served(objects: Vec<Value>) -> Vec<Value> {
+    objects.into_iter().enumerate().map(|(n, object)| as_served(object, n)).collect()
+}
+
+/// `config` with no watched resource keeping only some `fields`: whole objects in every store.
+pub fn keeping_whole_objects(config: &haptic::config::HAProxyTemplateConfig) -> haptic::config::HAProxyTemplateConfig {
+    let mut whole = config.clone();
+    for watched in whole.spec.watched_resources.values_mut() {
+        watched.fields.clear();
+    }
+    whole
+}
+
 /// `object` as an API server (and the EndpointSlice controller) would hand it over: with the
 /// fields the chart's `fields` drop (identity, defaults, status, target refs, node names, zones,
 /// trigger times), endpoints in every condition, and ports with an application protocol.
-pub fn as_served(mut object: Value, n: usize) -> Value {
+fn as_served(mut object: Value, n: usize) -> Value {
     let kind = object["kind"].as_str().unwrap_or_default().to_owned();
     let metadata = &mut object["metadata"];
     metadata["uid"] = json!(format!("4c5e1d2a-0000-4000-8000-{n:012}"));
