@@ -409,8 +409,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }),
         validation_requests: validation,
     };
-    // Freed renders and pushes go back to the system rather than staying resident.
-    crate::memory::spawn_hand_back();
     Ok(crate::controller::run(client, options, shutdown_signal()).await?)
 }
 

@@ -5,8 +5,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use haptic::cli::{Cli, Command};
 
+/// jemalloc, the same in the glibc build and the static musl image (see `haptic::memory`).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's compiled-in settings (`haptic::memory::JEMALLOC_SETTINGS`), read as its
+/// `malloc_conf`: a pointer to a C string.
+#[used]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: &[u8; haptic::memory::JEMALLOC_CONF.len()] = haptic::memory::JEMALLOC_CONF;
+
 fn main() -> ExitCode {
-    haptic::memory::return_freed_memory();
     let cli = Cli::parse();
     let _telemetry = haptic::telemetry::init(cli.log_format);
     haptic::tls::install_crypto_provider();

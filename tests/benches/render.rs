@@ -14,7 +14,7 @@ mod synthetic;
 
 use chart_config::chart_config_with;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -24,8 +24,11 @@ use haptic::config::HAProxyTemplateConfig;
 use haptic::render::Renderer;
 use haptic::store::Stores;
 
-/// Counts live heap bytes so the stores' footprint can be measured.
+/// Counts live heap bytes so the stores' footprint can be measured; allocates with jemalloc,
+/// as the `haptic` binary does (`haptic::memory`), so render times are the binary's.
 struct CountingAllocator;
+
+static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 /// The most `LIVE_BYTES` has been since it was last reset (a plan's transient peak).
@@ -39,17 +42,17 @@ fn count(change: isize) {
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size() as isize);
-        unsafe { System.alloc(layout) }
+        unsafe { JEMALLOC.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         count(-(layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { JEMALLOC.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { JEMALLOC.realloc(ptr, layout, new_size) }
     }
 }
 
