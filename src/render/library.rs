@@ -792,6 +792,27 @@ mod tests {
     }
 
     #[test]
+    fn a_collector_sorted_by_an_attribute_is_stable_and_orders_integers_and_other_keys_alike() {
+        let env = minijinja::Environment::new();
+        let sorted = |items: &str, attribute: &str, reverse: bool| {
+            let shared = Value::from_object(super::super::context::Shared::default());
+            let template = format!(
+                "{{% set c = shared.collector(\"c\") %}}{{% for item in {items} %}}{{% set _ = c.push(item) %}}{{% endfor %}}\
+                 {{{{ c.sorted(\"{attribute}\", {reverse}) | map(attribute=\"n\") | join(\",\") }}}}"
+            );
+            env.render_str(&template, minijinja::context! { shared }).unwrap()
+        };
+        let lengths = r#"[{"n": "a", "l": 2}, {"n": "b", "l": 10}, {"n": "c", "l": 2}, {"n": "d", "l": -1}]"#;
+        assert_eq!(sorted(lengths, "l", false), "d,a,c,b");
+        // Longest first; equal keys keep the order they were pushed in.
+        assert_eq!(sorted(lengths, "l", true), "b,a,c,d");
+        let mixed = r#"[{"n": "a", "l": "x"}, {"n": "b", "l": 1}, {"n": "c"}, {"n": "d", "l": "w"}]"#;
+        let generic = sorted(mixed, "l", false);
+        assert_eq!(generic.split(',').count(), 4);
+        assert!(generic.find('d') < generic.find('a'), "{generic}");
+    }
+
+    #[test]
     fn server_lines_give_ready_endpoints_stable_slots_and_vet_what_they_print() {
         let shared = super::super::context::Shared::default();
         let slices = |addresses: &[(&str, bool)]| {
