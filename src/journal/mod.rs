@@ -1229,12 +1229,16 @@ mod tests {
         }
         let (journal, report) = Journal::open(&path, 10).unwrap();
         assert_eq!(report.moved_aside, None);
-        let both: Slots =
-            [("be_api".to_owned(), Arc::new(api.clone())), ("be_web".to_owned(), Arc::new(web.clone()))].into();
+        let both: Slots = [("be_api".to_owned(), Arc::new(api.clone())), ("be_web".to_owned(), Arc::new(web.clone()))]
+            .into_iter()
+            .collect::<Slots>();
         assert_eq!(journal.slots("haptic/web"), both);
         // Only what changed is written; a backend gone is removed.
         journal.put_slot_changes("haptic/web", &[("be_api".into(), None)]).unwrap();
-        assert_eq!(journal.slots("haptic/web"), [("be_web".to_owned(), Arc::new(web.clone()))].into());
+        assert_eq!(
+            journal.slots("haptic/web"),
+            [("be_web".to_owned(), Arc::new(web.clone()))].into_iter().collect::<Slots>()
+        );
         journal.backend_slots.insert(backend_slots_key("haptic/web", "be_web"), &[6u8, 1, 0, 0xff][..]).unwrap();
         assert!(journal.slots("haptic/web").is_empty(), "an unreadable record means assigning afresh");
         assert_eq!(journal.slots("haptic/web2").len(), 1);
@@ -1269,8 +1273,9 @@ mod tests {
         let legacy =
             SlotsV1 { backends: vec![("be_api".into(), api.slots.clone()), ("be_web".into(), web.slots.clone())] };
         journal.slots.insert(b"haptic/web", codec::encode(RecordKind::Slots, 1, &legacy).unwrap()).unwrap();
-        let both: Slots =
-            [("be_api".to_owned(), Arc::new(api.clone())), ("be_web".to_owned(), Arc::new(web.clone()))].into();
+        let both: Slots = [("be_api".to_owned(), Arc::new(api.clone())), ("be_web".to_owned(), Arc::new(web.clone()))]
+            .into_iter()
+            .collect::<Slots>();
         assert_eq!(journal.slots("haptic/web"), both);
         // One backend changes: the other, unchanged, is carried over before the record goes.
         let moved = SlotTable { slots: vec![Some(("10.0.0.4".into(), 8080)), None] };
@@ -1278,7 +1283,9 @@ mod tests {
         assert!(journal.slots.get(b"haptic/web").unwrap().is_none(), "the whole record is gone");
         assert_eq!(
             journal.slots("haptic/web"),
-            [("be_api".to_owned(), Arc::new(api)), ("be_web".to_owned(), Arc::new(moved))].into()
+            [("be_api".to_owned(), Arc::new(api)), ("be_web".to_owned(), Arc::new(moved))]
+                .into_iter()
+                .collect::<Slots>()
         );
     }
 

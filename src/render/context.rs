@@ -635,6 +635,20 @@ impl Shared {
         }
     }
 
+    /// Claims a name a reused block claimed before (its copy is shared, so claiming it anew
+    /// costs no copy and one lookup of the claimed names).
+    fn claim_shared_name(&self, name: &Arc<str>) {
+        let Ok(collectors) = self.collectors.lock() else { return };
+        match collectors.get(name) {
+            Some(collector) => collector.claimed.store(true, std::sync::atomic::Ordering::Relaxed),
+            None => {
+                if let Ok(mut claims) = self.claimed_names.lock() {
+                    claims.insert(name.clone());
+                }
+            }
+        }
+    }
+
     /// `distinct(collector, attribute, claim_prefix)`: the collector's items ordered by one
     /// attribute, the first of each value only, and only those whose `claim_prefix ~ value`
     /// collector this call claims (a backend rendered once whichever loop reaches it first).
@@ -666,6 +680,35 @@ impl Shared {
 pub(crate) struct RenderNow<'a> {
     resources: &'a Resources,
     shared: &'a Shared,
+    /// The collectors pushes were last replayed into, by name: a call's blocks push into the
+    /// same few (every Ingress into `routes` and one of `routes/<hosts>/<match>`), and looking
+    /// each push's collector up by name was a tenth of a render that reused every block.
+    recent_collectors: std::cell::RefCell<[Option<NamedCollector>; RECENT_COLLECTORS]>,
+}
+
+/// A shared collector with the name a replayed effect gave it.
+type NamedCollector = (Arc<str>, Arc<Collector>);
+
+/// How many collectors a call's replay keeps at hand.
+const RECENT_COLLECTORS: usize = 4;
+
+impl<'a> RenderNow<'a> {
+    fn new(resources: &'a Resources, shared: &'a Shared) -> Self {
+        Self { resources, shared, recent_collectors: Default::default() }
+    }
+
+    /// The shared collector of this name, from those at hand when it is one of them.
+    fn collector(&self, name: &Arc<str>) -> Option<Arc<Collector>> {
+        let mut recent = self.recent_collectors.borrow_mut();
+        let at_hand = recent.iter().flatten().find(|(known, _)| Arc::ptr_eq(known, name) || **known == **name);
+        if let Some((_, collector)) = at_hand {
+            return Some(collector.clone());
+        }
+        let collector = self.shared.collector_named(name, || name.clone()).ok()?;
+        recent.rotate_right(1);
+        recent[0] = Some((name.clone(), collector.clone()));
+        Some(collector)
+    }
 }
 
 impl super::memo::RenderState for RenderNow<'_> {
@@ -702,15 +745,13 @@ impl super::memo::RenderState for RenderNow<'_> {
             // Replayed without recording: the block's effects reach an enclosing block, if any,
             // as the block's own (`memo::render_each` hands them on), not a second time here.
             Effect::Push { collector, value } => {
-                if let Ok(collector) = self.shared.collector_named(collector, || collector.clone())
+                if let Some(collector) = self.collector(collector)
                     && let Ok(mut items) = collector.items.lock()
                 {
                     items.push(value.clone());
                 }
             }
-            Effect::Claim { collector, .. } => {
-                self.shared.claim_name(collector, || collector.clone());
-            }
+            Effect::Claim { collector, .. } => self.shared.claim_shared_name(collector),
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
             Effect::Slots { .. } => {}
@@ -735,7 +776,7 @@ impl Object for Shared {
                     resources.as_ref().and_then(|r| r.downcast_object_ref::<Resources>()).ok_or_else(|| {
                         Error::new(ErrorKind::InvalidOperation, "render_each needs the render's resources")
                     })?;
-                let now = RenderNow { resources, shared: self };
+                let now = RenderNow::new(resources, self);
                 let template = template.as_str().unwrap_or_default();
                 let name = name.as_str().unwrap_or("item");
                 let lines = super::memo::render_each(state, &self.blocks, &now, template, items, name, rest.first())?;
