@@ -385,3 +385,27 @@ fn a_reused_block_inside_a_block_hands_its_effects_on_once() {
         assert!(files.haproxy_cfg.content.contains("# seen 4\n"), "render {render}: {}", files.haproxy_cfg.content);
     }
 }
+
+/// A file that renders as it did last time is the last render's (its text shared, its checksum
+/// not computed again); a file that changed has the checksum of its new text.
+#[test]
+fn an_unchanged_file_is_the_last_renders_and_a_changed_one_is_hashed_anew() {
+    let config = example_config();
+    let objects = example_objects();
+    let renderer = Renderer::compile(&config.spec).unwrap();
+    let pods = offline::pods(&config.spec, &objects);
+    let stores = offline::build_stores(&config.spec, &objects).unwrap();
+    let first = renderer.render(&stores, &pods).unwrap();
+    let again = renderer.render(&stores, &pods).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first.haproxy_cfg.content, &again.haproxy_cfg.content));
+    for (name, file) in &first.maps {
+        assert!(std::sync::Arc::ptr_eq(&file.content, &again.maps[name].content), "map {name} was made anew");
+    }
+    let elsewhere = offline::build_stores(&config.spec, &with_host(&objects, "moved.example.com")).unwrap();
+    let moved = renderer.render(&elsewhere, &pods).unwrap();
+    assert_ne!(moved.haproxy_cfg.content, first.haproxy_cfg.content, "the host is in haproxy.cfg");
+    for file in std::iter::once(&moved.haproxy_cfg).chain(moved.maps.values()) {
+        assert_eq!(file.checksum, haptic::files::Checksum::of(file.content.as_bytes()));
+    }
+    assert_eq!(moved, render(&config, &with_host(&objects, "moved.example.com")).unwrap(), "as a first render");
+}
