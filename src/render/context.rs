@@ -193,6 +193,7 @@ impl StoreView {
             super::memo::Read::Lookup {
                 alias: self.alias.clone(),
                 generation: super::memo::AtomicGeneration::new(self.store.generation()),
+                digest: crate::store::KeyDigest::of(&key),
                 key,
                 found: found.iter().map(|object| (object.content, object.ignored)).collect(),
             }
@@ -680,48 +681,75 @@ impl Shared {
 pub(crate) struct RenderNow<'a> {
     resources: &'a Resources,
     shared: &'a Shared,
-    /// The collectors pushes were last replayed into, by name: a call's blocks push into the
-    /// same few (every Ingress into `routes` and one of `routes/<hosts>/<match>`), and looking
-    /// each push's collector up by name was a tenth of a render that reused every block.
-    recent_collectors: std::cell::RefCell<[Option<NamedCollector>; RECENT_COLLECTORS]>,
+    /// The collectors pushes were last replayed into: a call's blocks push into the same few
+    /// (every Ingress into `routes` and one of `routes/<hosts>/<match>`), and looking each
+    /// push's collector up by name was a tenth of a render that reused every block.
+    recent_collectors: AtHand<Arc<Collector>>,
+    /// The stores reads were last checked against: a block's reads name their store, and
+    /// finding it by name for each of a render's tens of thousands of reads compared strings
+    /// in the map of aliases every time.
+    recent_stores: AtHand<&'a StoreView>,
 }
 
-/// A shared collector with the name a replayed effect gave it.
-type NamedCollector = (Arc<str>, Arc<Collector>);
+/// The last few things found by name, kept at hand: names are shared copies, so most are
+/// recognised by address.
+struct AtHand<T>(std::cell::RefCell<[Option<Named<T>>; 4]>);
 
-/// How many collectors a call's replay keeps at hand.
-const RECENT_COLLECTORS: usize = 4;
+/// A thing and the name it was found by.
+type Named<T> = (Arc<str>, T);
+
+impl<T: Clone> AtHand<T> {
+    fn new() -> Self {
+        Self(std::cell::RefCell::new([const { None }; 4]))
+    }
+
+    /// The thing of this name: at hand, or found by `find` and kept at hand.
+    fn get(&self, name: &Arc<str>, find: impl FnOnce() -> Option<T>) -> Option<T> {
+        let mut recent = self.0.borrow_mut();
+        let at_hand = recent.iter().flatten().find(|(known, _)| Arc::ptr_eq(known, name) || **known == **name);
+        if let Some((_, thing)) = at_hand {
+            return Some(thing.clone());
+        }
+        let thing = find()?;
+        recent.rotate_right(1);
+        recent[0] = Some((name.clone(), thing.clone()));
+        Some(thing)
+    }
+}
 
 impl<'a> RenderNow<'a> {
     fn new(resources: &'a Resources, shared: &'a Shared) -> Self {
-        Self { resources, shared, recent_collectors: Default::default() }
+        Self { resources, shared, recent_collectors: AtHand::new(), recent_stores: AtHand::new() }
     }
 
-    /// The shared collector of this name, from those at hand when it is one of them.
+    /// The shared collector of this name.
     fn collector(&self, name: &Arc<str>) -> Option<Arc<Collector>> {
-        let mut recent = self.recent_collectors.borrow_mut();
-        let at_hand = recent.iter().flatten().find(|(known, _)| Arc::ptr_eq(known, name) || **known == **name);
-        if let Some((_, collector)) = at_hand {
-            return Some(collector.clone());
-        }
-        let collector = self.shared.collector_named(name, || name.clone()).ok()?;
-        recent.rotate_right(1);
-        recent[0] = Some((name.clone(), collector.clone()));
-        Some(collector)
+        self.recent_collectors.get(name, || self.shared.collector_named(name, || name.clone()).ok())
+    }
+
+    /// The store of this alias.
+    fn view(&self, alias: &Arc<str>) -> Option<&'a StoreView> {
+        self.recent_stores.get(alias, || self.resources.store(alias))
     }
 }
 
 impl super::memo::RenderState for RenderNow<'_> {
-    fn generation(&self, alias: &str) -> Option<u64> {
-        Some(self.resources.store(alias)?.store.generation())
+    fn generation(&self, alias: &Arc<str>) -> Option<u64> {
+        Some(self.view(alias)?.store.generation())
     }
 
-    fn untouched_since(&self, alias: &str, generation: u64, key: &[String]) -> Option<bool> {
-        self.resources.store(alias)?.store.untouched_since(generation, key)
+    fn untouched_since(
+        &self,
+        alias: &Arc<str>,
+        generation: u64,
+        key: &[String],
+        digest: crate::store::KeyDigest,
+    ) -> Option<bool> {
+        self.view(alias)?.store.untouched_since(generation, key, digest)
     }
 
-    fn finds(&self, alias: &str, key: &[String], found: &[super::memo::Identity]) -> bool {
-        self.resources.store(alias).is_some_and(|view| view.finds(key, found))
+    fn finds(&self, alias: &Arc<str>, key: &[String], found: &[super::memo::Identity]) -> bool {
+        self.view(alias).is_some_and(|view| view.finds(key, found))
     }
 
     fn claimed(&self, collector: &str) -> bool {
@@ -924,5 +952,33 @@ impl Object for Collector {
                 ),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::AtHand;
+
+    /// A name is recognised at hand by its text as well as by its address, and what is at hand
+    /// is not looked for again; the oldest goes when a fifth comes.
+    #[test]
+    fn things_at_hand_are_found_by_name_without_looking_again() {
+        let at_hand = AtHand::new();
+        let looked = std::cell::Cell::new(0);
+        let find = |thing: usize| {
+            looked.set(looked.get() + 1);
+            Some(thing)
+        };
+        let routes: Arc<str> = "routes".into();
+        assert_eq!(at_hand.get(&routes, || find(1)), Some(1));
+        assert_eq!(at_hand.get(&"routes".into(), || find(2)), Some(1), "the same text, another copy");
+        assert_eq!(looked.get(), 1);
+        for (at, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            assert_eq!(at_hand.get(&name.into(), || find(10 + at)), Some(10 + at));
+        }
+        assert_eq!(at_hand.get(&routes, || find(3)), Some(3), "the oldest was let go");
+        assert_eq!(at_hand.get(&"missing".into(), || None::<usize>), None);
     }
 }

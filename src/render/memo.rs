@@ -212,6 +212,8 @@ pub(crate) enum Read {
         generation: AtomicGeneration,
         /// The index key looked up (the store's own copy when it found something).
         key: Arc<[String]>,
+        /// The key's digest, checked against the store's changes before the key itself.
+        digest: crate::store::KeyDigest,
         /// Who was found, in order.
         found: Box<[Identity]>,
     },
@@ -442,11 +444,17 @@ impl Finder<'_> {
 /// the shared state to replay effects into.
 pub(crate) trait RenderState {
     /// The generation of a store now (`None`: no such alias).
-    fn generation(&self, alias: &str) -> Option<u64>;
+    fn generation(&self, alias: &Arc<str>) -> Option<u64>;
     /// Whether no change since `generation` touched an index key of a store (`None`: unknown).
-    fn untouched_since(&self, alias: &str, generation: u64, key: &[String]) -> Option<bool>;
+    fn untouched_since(
+        &self,
+        alias: &Arc<str>,
+        generation: u64,
+        key: &[String],
+        digest: crate::store::KeyDigest,
+    ) -> Option<bool>;
     /// Whether a store holds exactly `found` under an index key now.
-    fn finds(&self, alias: &str, key: &[String], found: &[Identity]) -> bool;
+    fn finds(&self, alias: &Arc<str>, key: &[String], found: &[Identity]) -> bool;
     /// Whether a shared collector is claimed already.
     fn claimed(&self, collector: &str) -> bool;
     /// Whether a backend's server slots are `table` now.
@@ -466,14 +474,16 @@ fn still_valid(block: &Block, now: &dyn RenderState) -> bool {
                     return false;
                 }
             }
-            Read::Lookup { alias, generation, key, found } => {
+            Read::Lookup { alias, generation, key, digest, found } => {
                 let Some(current) = now.generation(alias) else { return false };
                 if current == generation.get() {
                     continue;
                 }
                 // The store's recent history usually says the key was not touched; a key that
                 // was may still hold the same objects.
-                if now.untouched_since(alias, generation.get(), key) != Some(true) && !now.finds(alias, key, found) {
+                if now.untouched_since(alias, generation.get(), key, *digest) != Some(true)
+                    && !now.finds(alias, key, found)
+                {
                     return false;
                 }
                 generation.set(current);

@@ -107,7 +107,9 @@ pub struct ResourceStore {
     // Holds the objects themselves so a lookup needs no second search, each group sorted by
     // key. A vector, not a map: most groups hold one object (an index by namespace and name),
     // and a B-tree's first node alone would cost each object about 450 bytes.
-    index: imbl::HashMap<Arc<[String]>, Vec<Arc<StoredObject>>>,
+    // Hashed with foldhash (seeded at random per map), not SipHash: a render looks up tens of
+    // thousands of keys.
+    index: Index,
     /// Which content this is: a number no other content of any store had, taken anew at every
     /// change, so a renderer can tell "nothing here changed" without looking at the objects.
     generation: u64,
@@ -119,11 +121,36 @@ pub struct ResourceStore {
     recent: std::collections::VecDeque<StoreChange>,
 }
 
+/// A store's objects by index key.
+type Index = imbl::GenericHashMap<
+    Arc<[String]>,
+    Vec<Arc<StoredObject>>,
+    foldhash::fast::RandomState,
+    imbl::shared_ptr::DefaultSharedPtr,
+>;
+
 /// One change of a store's content (see [`ResourceStore::untouched_since`]).
 #[derive(Debug, Clone)]
 struct StoreChange {
     before: u64,
     key: Option<Arc<[String]>>,
+    /// The key's digest: most keys checked against a change differ in it.
+    digest: KeyDigest,
+}
+
+/// A digest of an index key: keys with different digests differ, so a reader comparing many
+/// keys with a few (a render checking 10,000 blocks' lookups against one change) reads the
+/// keys themselves only when digests match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyDigest(u64);
+
+impl KeyDigest {
+    /// The digest of `key`.
+    pub fn of(key: &[String]) -> Self {
+        use std::hash::BuildHasher;
+        // A fixed seed is enough: equal digests are confirmed by comparing the keys.
+        Self(foldhash::fast::FixedState::with_seed(0x6861_7074_6963).hash_one(key))
+    }
 }
 
 /// How many changes a store remembers.
@@ -182,7 +209,7 @@ impl ResourceStore {
             ignore_fields: Vec::new(),
             projection: None,
             objects: imbl::OrdMap::new(),
-            index: imbl::HashMap::new(),
+            index: Index::default(),
             generation: next_generation(),
             recent: std::collections::VecDeque::new(),
         }
@@ -320,13 +347,13 @@ impl ResourceStore {
     /// Whether no change since `generation` (one this store's content had) touched the objects
     /// under the index key `key`: `None` when the store does not remember back that far (or
     /// never had that generation: a clone that went its own way).
-    pub fn untouched_since(&self, generation: u64, key: &[String]) -> Option<bool> {
+    pub fn untouched_since(&self, generation: u64, key: &[String], digest: KeyDigest) -> Option<bool> {
         if generation == self.generation {
             return Some(true);
         }
         let mut touched = false;
         for change in self.recent.iter().rev() {
-            touched |= change.key.as_deref() == Some(key);
+            touched |= change.digest == digest && change.key.as_deref() == Some(key);
             if change.before == generation {
                 return Some(!touched);
             }
@@ -341,7 +368,8 @@ impl ResourceStore {
         if self.recent.len() == RECENT_CHANGES {
             self.recent.pop_front();
         }
-        self.recent.push_back(StoreChange { before, key });
+        let digest = KeyDigest::of(key.as_deref().unwrap_or_default());
+        self.recent.push_back(StoreChange { before, key, digest });
     }
 
     fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
@@ -452,9 +480,9 @@ mod tests {
         store.apply(service("shop", "api", 80, "1")).unwrap();
         store.apply(service("shop", "api", 81, "2")).unwrap();
         assert_ne!(store.generation(), before);
-        assert_eq!(store.untouched_since(before, &web), Some(true));
-        assert_eq!(store.untouched_since(before, &api), Some(false));
-        assert_eq!(store.untouched_since(store.generation(), &api), Some(true));
+        assert_eq!(store.untouched_since(before, &web, KeyDigest::of(&web)), Some(true));
+        assert_eq!(store.untouched_since(before, &api, KeyDigest::of(&api)), Some(false));
+        assert_eq!(store.untouched_since(store.generation(), &api, KeyDigest::of(&api)), Some(true));
         // Nothing changed: the generation stays.
         let now = store.generation();
         store.apply(service("shop", "api", 81, "3")).unwrap();
@@ -463,10 +491,10 @@ mod tests {
         let mut other = store.clone();
         other.apply(service("shop", "web", 90, "4")).unwrap();
         store.delete(&ObjectKey { namespace: "shop".into(), name: "api".into() });
-        assert_eq!(store.untouched_since(other.generation(), &web), None);
-        assert_eq!(other.untouched_since(now, &web), Some(false));
-        assert_eq!(store.untouched_since(now, &web), Some(true));
-        assert_eq!(store.untouched_since(now, &api), Some(false));
+        assert_eq!(store.untouched_since(other.generation(), &web, KeyDigest::of(&web)), None);
+        assert_eq!(other.untouched_since(now, &web, KeyDigest::of(&web)), Some(false));
+        assert_eq!(store.untouched_since(now, &web, KeyDigest::of(&web)), Some(true));
+        assert_eq!(store.untouched_since(now, &api, KeyDigest::of(&api)), Some(false));
     }
 
     #[test]
