@@ -27,44 +27,11 @@ pub const JEMALLOC_CONF: &[u8; JEMALLOC_SETTINGS.len() + 1] = &{
     with_nul
 };
 
-/// Drops `value` on a thread of its own, so a render's caller is not kept waiting while the
-/// last render's state is taken apart: at 10,000 Ingresses, freeing the blocks, collectors and
-/// claimed names a render replaced was a tenth of a render that changed one object. Dropped in
-/// place when that thread cannot be had.
-pub fn drop_later<T: Send + 'static>(value: T) {
-    static DROPPER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Box<dyn Send>>>> = std::sync::OnceLock::new();
-    let dropper = DROPPER.get_or_init(|| {
-        let (sender, receiver) = std::sync::mpsc::channel::<Box<dyn Send>>();
-        std::thread::Builder::new()
-            .name("haptic-dropper".into())
-            .spawn(move || receiver.into_iter().for_each(drop))
-            .ok()
-            .map(|_| sender)
-    });
-    let Some(sender) = dropper else { return drop(value) };
-    let boxed: Box<dyn Send> = Box::new(value);
-    // A failed send hands the value back inside its error, which drops it here.
-    let _ = sender.send(boxed);
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn settings_reach_jemalloc_nul_terminated() {
         assert_eq!(super::JEMALLOC_CONF.last(), Some(&0));
         assert_eq!(&super::JEMALLOC_CONF[..super::JEMALLOC_SETTINGS.len()], super::JEMALLOC_SETTINGS.as_bytes());
-    }
-
-    #[test]
-    fn a_value_dropped_later_is_dropped() {
-        let (sender, receiver) = std::sync::mpsc::channel::<()>();
-        struct Signals(std::sync::mpsc::Sender<()>);
-        impl Drop for Signals {
-            fn drop(&mut self) {
-                let _ = self.0.send(());
-            }
-        }
-        super::drop_later(Signals(sender));
-        assert!(receiver.recv_timeout(std::time::Duration::from_secs(10)).is_ok(), "never dropped");
     }
 }

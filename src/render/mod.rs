@@ -477,17 +477,15 @@ impl Renderer {
         for (name, file) in state.map(context::Shared::files).unwrap_or_default() {
             files.entry(name).or_insert(file);
         }
-        if keep {
-            if let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
-                crate::memory::drop_later(std::mem::replace(&mut *kept, state.take_carried()));
-            }
-            if let Ok(mut kept) = self.gateway_status.lock() {
-                *kept = gateway.map(|model| model.status);
-            }
+        if !keep {
+            return Ok(FileSet { haproxy_cfg, maps, files, certs });
         }
-        // What this render made for itself (the collectors, the claimed names, the last
-        // render's blocks it did not reuse) is taken apart off the caller's path.
-        crate::memory::drop_later((ctx, shared));
+        if let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
+            *kept = state.take_carried();
+        }
+        if let Ok(mut kept) = self.gateway_status.lock() {
+            *kept = gateway.map(|model| model.status);
+        }
         Ok(FileSet { haproxy_cfg, maps, files, certs })
     }
 
