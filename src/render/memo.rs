@@ -100,6 +100,11 @@ pub(crate) fn fingerprint(value: &Value) -> Option<Fingerprint> {
     feed(value, &mut digest, 0).then(|| digest.finish())
 }
 
+/// The fingerprint of a text (a rendered file).
+pub(crate) fn text_fingerprint(text: &str) -> Fingerprint {
+    combine(|digest| text.hash(digest))
+}
+
 /// The fingerprint of parts already fingerprinted (a route of an Ingress of some identity).
 pub(crate) fn combine(parts: impl FnOnce(&mut Digest)) -> Fingerprint {
     let mut digest = Digest::new();

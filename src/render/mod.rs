@@ -129,8 +129,9 @@ pub struct Renderer {
     gateway: Option<crate::gateway::GatewaySettings>,
     /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
     gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
-    /// The file each template last rendered to, for `same_as_last`.
-    last_files: std::sync::Mutex<BTreeMap<String, RenderedFile>>,
+    /// What each template last rendered to (its text's fingerprint and checksum), for
+    /// `last_file`.
+    last_files: std::sync::Mutex<BTreeMap<String, (memo::Fingerprint, crate::files::Checksum)>>,
 }
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
@@ -437,13 +438,17 @@ impl Renderer {
         };
         let render = |name: &str| -> Result<RenderedFile, RenderError> {
             let content = render_text(name)?;
-            Ok(self.last_file(name, &content).unwrap_or_else(|| self.remember(name, RenderedFile::new(content))))
+            Ok(match self.last_file(name, &content) {
+                (_, Some(file)) => file,
+                (fingerprint, None) => self.remember(name, fingerprint, RenderedFile::new(content)),
+            })
         };
         let (haproxy_cfg, maps, mut files) = std::thread::scope(|scope| {
             let content = render_text(HAPROXY_CFG)?;
             // The configuration (megabytes at 10,000 Ingresses) is hashed on a thread of its
             // own while the other files render, when it changed.
-            let hashing = match self.last_file(HAPROXY_CFG, &content) {
+            let (fingerprint, known) = self.last_file(HAPROXY_CFG, &content);
+            let hashing = match known {
                 Some(file) => Hashing::Done(file),
                 None => {
                     let content: Arc<str> = content.into();
@@ -470,7 +475,7 @@ impl Renderer {
                 Hashing::Done(file) => file,
                 Hashing::Running(running) => running.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             };
-            Ok::<_, RenderError>((self.remember(HAPROXY_CFG, haproxy_cfg), maps, files))
+            Ok::<_, RenderError>((self.remember(HAPROXY_CFG, fingerprint, haproxy_cfg), maps, files))
         })?;
         let state = shared.downcast_object_ref::<context::Shared>();
         let certs = state.map(context::Shared::certs).unwrap_or_default();
@@ -489,18 +494,31 @@ impl Renderer {
         Ok(FileSet { haproxy_cfg, maps, files, certs })
     }
 
-    /// The last render's file of this template, when `content` is byte for byte its text: its
-    /// text shared and its checksum not computed again (at 10,000 Ingresses, hashing files
-    /// that had not changed was a tenth of a render that reused every block).
-    fn last_file(&self, template: &str, content: &str) -> Option<RenderedFile> {
-        let last = self.last_files.lock().ok()?;
-        last.get(template).filter(|file| *file.content == *content).cloned()
+    /// The file `content` makes for a template: with the checksum of the template's last file
+    /// when `content` is that file's text again (recognised by a 128-bit fingerprint with this
+    /// process's secret seeds, as blocks are), else `None` and the fingerprint to `remember`
+    /// with the checksum computed. At 10,000 Ingresses, hashing files that had not changed with
+    /// SHA-256 was a tenth of a render that reused every block. Only fingerprints are kept, not
+    /// the files: holding the last render's text cost the controller megabytes once its pods
+    /// had moved on.
+    fn last_file(&self, template: &str, content: &str) -> (memo::Fingerprint, Option<RenderedFile>) {
+        let fingerprint = memo::text_fingerprint(content);
+        let known = self.last_files.lock().ok().and_then(|last| {
+            let (known, checksum) = last.get(template)?;
+            (*known == fingerprint).then(|| RenderedFile {
+                content: content.into(),
+                checksum: *checksum,
+                sensitive: false,
+            })
+        });
+        (fingerprint, known)
     }
 
-    /// Remembers a template's file for the next render's `last_file`, and hands it back.
-    fn remember(&self, template: &str, file: RenderedFile) -> RenderedFile {
+    /// Remembers the fingerprint and checksum of a template's file for the next render's
+    /// `last_file`, and hands the file back.
+    fn remember(&self, template: &str, fingerprint: memo::Fingerprint, file: RenderedFile) -> RenderedFile {
         if let Ok(mut last) = self.last_files.lock() {
-            last.insert(template.to_owned(), file.clone());
+            last.insert(template.to_owned(), (fingerprint, file.checksum));
         }
         file
     }
