@@ -375,8 +375,9 @@ fn runtime_difference_of(
     }
     // Dynamic servers (`add server`) do not take `default-server` settings: with any, servers
     // are only ever changed in place.
-    let dynamic =
-        !new.sections.iter().any(|s| s.text.lines().skip(1).any(|l| config::first_word(l) == "default-server"));
+    let dynamic = !new.sections.iter().any(|s| {
+        s.text.contains("default-server") && s.text.lines().skip(1).any(|l| config::first_word(l) == "default-server")
+    });
     let mut actions = Vec::new();
     let mut old_sections = old.sections.iter();
     // The load-balancing algorithm the last `defaults` section sets for the sections after it.
@@ -385,7 +386,7 @@ fn runtime_difference_of(
         // Skip the backends that are gone; any other missing section needs a reload.
         let before_text = loop {
             let candidate = old_sections.next()?;
-            if candidate.header == after_text.header {
+            if candidate.same_header(after_text) {
                 break candidate;
             }
             if candidate.kind() != "backend" {
