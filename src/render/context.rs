@@ -632,21 +632,9 @@ impl Shared {
         let Ok(collectors) = self.collectors.lock() else { return false };
         match collectors.get(name) {
             Some(collector) => !collector.claimed.swap(true, std::sync::atomic::Ordering::Relaxed),
-            None => self.claimed_names.lock().is_ok_and(|mut claims| !claims.contains(name) && claims.insert(owned())),
-        }
-    }
-
-    /// Claims a name a reused block claimed before (its copy is shared, so claiming it anew
-    /// costs no copy and one lookup of the claimed names).
-    fn claim_shared_name(&self, name: &Arc<str>) {
-        let Ok(collectors) = self.collectors.lock() else { return };
-        match collectors.get(name) {
-            Some(collector) => collector.claimed.store(true, std::sync::atomic::Ordering::Relaxed),
-            None => {
-                if let Ok(mut claims) = self.claimed_names.lock() {
-                    claims.insert(name.clone());
-                }
-            }
+            // One insert, one lookup: a name is claimed at most once per render, so a copy made
+            // for a claim that loses is rare (a reused block's claim shares its copy).
+            None => self.claimed_names.lock().is_ok_and(|mut claims| claims.insert(owned())),
         }
     }
 
@@ -779,7 +767,9 @@ impl super::memo::RenderState for RenderNow<'_> {
                     items.push(value.clone());
                 }
             }
-            Effect::Claim { collector, .. } => self.shared.claim_shared_name(collector),
+            Effect::Claim { collector, .. } => {
+                self.shared.claim_name(collector, || collector.clone());
+            }
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
             Effect::Slots { .. } => {}
@@ -897,12 +887,12 @@ impl Collector {
             // minijinja's comparison of them, without its dispatch on every comparison (the
             // library re-sorts 10,000 routes per map file whenever one changes).
             let integers: Option<Vec<i64>> =
-                keys.iter().map(|key| if key.is_integer() { i64::try_from(key.clone()).ok() } else { None }).collect();
+                keys.iter().map(|key| key.is_integer().then(|| key.as_i64()).flatten()).collect();
+            // A stable sort with the comparison reversed keeps equal keys in push order.
+            let directed = |ordering: std::cmp::Ordering| if reverse { ordering.reverse() } else { ordering };
             match integers {
-                Some(integers) if reverse => order.sort_by(|a, b| integers[*b].cmp(&integers[*a])),
-                Some(integers) => order.sort_by_key(|at| integers[*at]),
-                None if reverse => order.sort_by(|a, b| keys[*b].cmp(&keys[*a])),
-                None => order.sort_by(|a, b| keys[*a].cmp(&keys[*b])),
+                Some(integers) => order.sort_by(|a, b| directed(integers[*a].cmp(&integers[*b]))),
+                None => order.sort_by(|a, b| directed(keys[*a].cmp(&keys[*b]))),
             }
             Value::from(order.into_iter().map(|at| items[at].clone()).collect::<Vec<_>>())
         });

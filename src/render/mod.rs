@@ -459,7 +459,7 @@ impl Renderer {
                     {
                         Ok(running) => Hashing::Running(running),
                         // No thread to be had: hashed here.
-                        Err(_) => Hashing::Done(RenderedFile::new(content)),
+                        Err(_) => Hashing::Done(self.remember(HAPROXY_CFG, fingerprint, RenderedFile::new(content))),
                     }
                 }
             };
@@ -473,9 +473,13 @@ impl Renderer {
             }
             let haproxy_cfg = match hashing {
                 Hashing::Done(file) => file,
-                Hashing::Running(running) => running.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Hashing::Running(running) => self.remember(
+                    HAPROXY_CFG,
+                    fingerprint,
+                    running.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                ),
             };
-            Ok::<_, RenderError>((self.remember(HAPROXY_CFG, fingerprint, haproxy_cfg), maps, files))
+            Ok::<_, RenderError>((haproxy_cfg, maps, files))
         })?;
         let state = shared.downcast_object_ref::<context::Shared>();
         let certs = state.map(context::Shared::certs).unwrap_or_default();
@@ -606,7 +610,7 @@ impl Renderer {
 
 /// The configuration's file while its checksum is computed.
 enum Hashing<'scope> {
-    /// Known: the last render's, or hashed already.
+    /// Known (the last render's checksum), or hashed here and remembered already.
     Done(RenderedFile),
     /// Being hashed on a thread of its own.
     Running(std::thread::ScopedJoinHandle<'scope, RenderedFile>),
