@@ -493,6 +493,11 @@ impl Shared {
         }
     }
 
+    /// How many blocks this render reused and rendered.
+    pub(crate) fn block_counts(&self) -> super::memo::BlockCounts {
+        self.blocks.counts()
+    }
+
     /// What this render hands the next, taken (the render is over).
     pub(crate) fn take_carried(&self) -> Carried {
         Carried {

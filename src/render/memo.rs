@@ -357,8 +357,9 @@ type Run = Vec<(Fingerprint, Arc<Block>)>;
 /// how many calls with that fingerprint came before it in the render.
 type Call = (Fingerprint, usize);
 
-/// How far past its place in the last render's order an item's block is looked for: an item
-/// added or removed moves the rest by one, a changed item is a block of its own.
+/// How far past its place in the last render's order an item's block is looked for before it
+/// is looked up by key: an item added or removed moves the rest by one, a changed item is a
+/// block of its own.
 const LOOKAHEAD: usize = 4;
 
 /// The blocks one successful render used, by the call that rendered them, which the next
@@ -384,6 +385,16 @@ pub(crate) struct RenderBlocks {
     /// How many calls with each fingerprint this render made so far.
     calls: Mutex<HashMap<Fingerprint, usize, BuildHasherDefault<KeyHasher>>>,
     used: Mutex<Blocks>,
+    counts: Mutex<BlockCounts>,
+}
+
+/// How many blocks a render reused and how many it rendered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockCounts {
+    /// Blocks replayed from the last render: nothing they read had changed.
+    pub reused: u64,
+    /// Blocks rendered: new or changed items, or items whose reads changed.
+    pub rendered: u64,
 }
 
 impl RenderBlocks {
@@ -395,6 +406,11 @@ impl RenderBlocks {
     /// The blocks this render used, to be reused by the next.
     pub(crate) fn take_used(&self) -> Blocks {
         self.used.lock().map(|mut used| std::mem::take(&mut *used)).unwrap_or_default()
+    }
+
+    /// How many blocks this render reused and rendered so far.
+    pub(crate) fn counts(&self) -> BlockCounts {
+        self.counts.lock().map(|counts| *counts).unwrap_or_default()
     }
 
     /// The next call with this fingerprint.
@@ -428,20 +444,36 @@ impl RenderBlocks {
 struct Finder<'a> {
     blocks: &'a RenderBlocks,
     run: Option<&'a Run>,
+    /// Where in `run` the next item's block is expected.
     cursor: usize,
+    /// Where each block of `run` is, made the first time an item's block is not near the
+    /// cursor.
+    places: Option<HashMap<Fingerprint, usize, BuildHasherDefault<KeyHasher>>>,
 }
 
-impl Finder<'_> {
+impl<'a> Finder<'a> {
+    fn new(blocks: &'a RenderBlocks, run: Option<&'a Run>) -> Self {
+        Self { blocks, run, cursor: 0, places: None }
+    }
+
     fn find(&mut self, key: Fingerprint) -> Option<Arc<Block>> {
         let Some(run) = self.run else { return self.blocks.by_key(key) };
-        for ahead in 0..LOOKAHEAD {
-            let (found, block) = run.get(self.cursor + ahead)?;
+        for (ahead, (found, block)) in run.iter().skip(self.cursor).take(LOOKAHEAD).enumerate() {
             if *found == key {
                 self.cursor += ahead + 1;
                 return Some(block.clone());
             }
         }
-        None
+        // Not near the cursor: a changed or new item (no block to find), or the first item
+        // after a stretch of changed, added or removed ones longer than the look-ahead (its
+        // block further on). Looking no further lost the place for good: every item after five
+        // edited Ingresses in a row was rendered again, and under churn most renders rendered
+        // nearly every block.
+        let places =
+            self.places.get_or_insert_with(|| run.iter().enumerate().map(|(place, (key, _))| (*key, place)).collect());
+        let place = *places.get(&key)?;
+        self.cursor = place + 1;
+        Some(run[place].1.clone())
     }
 }
 
@@ -545,9 +577,10 @@ pub(crate) fn render_each(
         })
     });
     let call = prefix.map(|prefix| blocks.call(prefix));
-    let mut finder = Finder { blocks, run: call.and_then(|call| blocks.previous.0.get(&call)), cursor: 0 };
+    let mut finder = Finder::new(blocks, call.and_then(|call| blocks.previous.0.get(&call)));
     let mut run: Run = Vec::with_capacity(finder.run.map_or(0, Vec::len));
     let mut output = String::new();
+    let mut counts = BlockCounts::default();
     for item in items {
         let key = prefix.zip(fingerprint(&item)).map(|(prefix, item)| {
             combine(|digest| {
@@ -565,8 +598,10 @@ pub(crate) fn render_each(
             output.push_str(&block.output);
             hand_to_parent(&block);
             run.push((key, block));
+            counts.reused += 1;
             continue;
         }
+        counts.rendered += 1;
         context.insert(name.to_owned(), item);
         RECORDINGS.with(|recordings| recordings.borrow_mut().push(Recording { cacheable: true, ..Default::default() }));
         let rendered = compiled.render(&context);
@@ -588,6 +623,10 @@ pub(crate) fn render_each(
     if let Some(call) = call {
         blocks.keep(call, run);
     }
+    if let Ok(mut total) = blocks.counts.lock() {
+        total.reused += counts.reused;
+        total.rendered += counts.rendered;
+    }
     Ok(super::library::VettedLines(output))
 }
 
@@ -603,6 +642,47 @@ fn hand_to_parent(block: &Block) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A call's last run of blocks, keys 0 to `len - 1` in order.
+    fn previous_run(len: u128) -> (RenderBlocks, Call) {
+        let call = (Fingerprint(7), 0);
+        let run: Run = (0..len)
+            .map(|key| {
+                let block = Block { reads: Box::new([]), effects: Box::new([]), output: key.to_string().into() };
+                (Fingerprint(key), Arc::new(block))
+            })
+            .collect();
+        let mut previous = Blocks::default();
+        previous.0.insert(call, run);
+        (RenderBlocks::reusing(Arc::new(previous)), call)
+    }
+
+    /// Which of `keys`, in this order, find their block of the last render.
+    fn found(keys: &[u128], len: u128) -> Vec<u128> {
+        let (blocks, call) = previous_run(len);
+        let mut finder = Finder::new(&blocks, blocks.previous.0.get(&call));
+        keys.iter().copied().filter(|key| finder.find(Fingerprint(*key)).is_some()).collect()
+    }
+
+    /// Edits come in runs: the bench's churn edits Ingresses one after the other by name, and a
+    /// render takes in twenty changes. Items after a stretch of changed, added or removed ones
+    /// longer than the look-ahead still find their blocks.
+    #[test]
+    fn blocks_are_found_after_any_stretch_of_changed_added_or_removed_items() {
+        let unchanged: Vec<u128> = (0..40).collect();
+        assert_eq!(found(&unchanged, 40), unchanged);
+        let changed: Vec<u128> = (0..40).map(|key| if (10..20).contains(&key) { 1000 + key } else { key }).collect();
+        let expected: Vec<u128> = (0..40).filter(|key| !(10..20).contains(key)).collect();
+        assert_eq!(found(&changed, 40), expected);
+        let removed: Vec<u128> = (0..40).filter(|key| !(5..15).contains(key)).collect();
+        assert_eq!(found(&removed, 40), removed);
+        let added: Vec<u128> = (0..10).chain(1000..1010).chain(10..40).collect();
+        assert_eq!(found(&added, 40), unchanged);
+        let reordered: Vec<u128> = (20..40).chain(0..20).collect();
+        assert_eq!(found(&reordered, 40), reordered);
+    }
+
     /// Blocks keep effects by the tens of thousands: a rare kind (a file) must not make every
     /// push and claim as large as itself.
     #[test]

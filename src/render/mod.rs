@@ -18,6 +18,8 @@ pub(crate) mod filters;
 mod library;
 mod memo;
 
+pub use memo::BlockCounts;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -132,6 +134,8 @@ pub struct Renderer {
     /// What each template last rendered to (its text's fingerprint and checksum), for
     /// `last_file`.
     last_files: std::sync::Mutex<BTreeMap<String, (memo::Fingerprint, crate::files::Checksum)>>,
+    /// How many blocks the last successful kept render reused and rendered.
+    last_block_counts: std::sync::Mutex<BlockCounts>,
 }
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
@@ -367,6 +371,7 @@ impl Renderer {
             gateway: spec.gateway_api.clone(),
             gateway_status: Default::default(),
             last_files: Default::default(),
+            last_block_counts: Default::default(),
         })
     }
 
@@ -383,6 +388,12 @@ impl Renderer {
     /// The server slots as the last successful render left them.
     pub fn slots(&self) -> Arc<crate::plan::slots::Slots> {
         self.carried.lock().map(|carried| carried.slots.clone()).unwrap_or_default()
+    }
+
+    /// How many blocks the last successful render reused and how many it rendered: under a
+    /// stream of small changes, almost all should be reused.
+    pub fn last_block_counts(&self) -> BlockCounts {
+        self.last_block_counts.lock().map(|counts| *counts).unwrap_or_default()
     }
 
     /// How many `render_each` blocks the last successful render left for the next to reuse.
@@ -491,6 +502,9 @@ impl Renderer {
         }
         if let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
             *kept = state.take_carried();
+            if let Ok(mut counts) = self.last_block_counts.lock() {
+                *counts = state.block_counts();
+            }
         }
         if let Ok(mut kept) = self.gateway_status.lock() {
             *kept = gateway.map(|model| model.status);

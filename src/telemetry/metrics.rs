@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 /// `outcome` of a render.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// `ok` or `error`.
+    /// `ok` or `error` (renders); `reused` or `rendered` (blocks).
     pub outcome: &'static str,
 }
 
@@ -85,6 +85,8 @@ pub struct Metrics {
     pub renders: Family<OutcomeLabels, Counter>,
     /// Render duration.
     pub render_seconds: Histogram,
+    /// `render_each` blocks of successful renders, reused or rendered.
+    pub render_blocks: Family<OutcomeLabels, Counter>,
     /// Time to judge one admission review (render with the object, HAProxy's check).
     pub admission_seconds: Histogram,
     /// Reconciliations (coalesced batches of changes) by what triggered them.
@@ -127,6 +129,7 @@ impl Metrics {
         let metrics = Self {
             renders: Family::default(),
             render_seconds: Histogram::new(duration_buckets()),
+            render_blocks: Family::default(),
             admission_seconds: Histogram::new(duration_buckets()),
             reconciliations: Family::default(),
             watch_events: Family::default(),
@@ -145,6 +148,11 @@ impl Metrics {
         };
         registry.register("renders", "Renders by outcome", metrics.renders.clone());
         registry.register("render_duration_seconds", "Time to render every file", metrics.render_seconds.clone());
+        registry.register(
+            "render_blocks",
+            "Blocks of successful renders, reused from the last render or rendered",
+            metrics.render_blocks.clone(),
+        );
         registry.register(
             "admission_duration_seconds",
             "Time to judge one admission review (render with the object, HAProxy's check)",

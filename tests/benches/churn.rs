@@ -507,6 +507,12 @@ async fn main() -> Result<()> {
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     println!("  where the time went (the controller's metrics, whole run): {}", time_spent(&metrics));
     println!("  renders by duration: {}", render_spread(&metrics));
+    let reused = env::measure::metric_sum(&metrics, "haptic_render_blocks_total{outcome=\"reused\"}");
+    let rendered = env::measure::metric_sum(&metrics, "haptic_render_blocks_total{outcome=\"rendered\"}");
+    println!(
+        "  blocks of successful renders (whole run, the first render's among them): {reused:.0} reused, {rendered:.0} rendered ({:.1}% reused)",
+        100.0 * reused / (reused + rendered).max(1.0)
+    );
     for failure in failures.iter().take(5) {
         println!("  NOT SERVED: {failure}");
     }

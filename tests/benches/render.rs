@@ -148,11 +148,25 @@ fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         group.bench_function(BenchmarkId::new("ingress_path", count), |b| {
             b.iter(|| {
                 flip = !flip;
-                ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] =
-                    if flip { "/moved".into() } else { "/".into() };
-                std::sync::Arc::make_mut(stores.get_mut("ingresses").expect("ingresses"))
-                    .apply(ingress.clone())
-                    .expect("applies");
+                move_path(&mut stores, &mut ingress, flip);
+                black_box(renderer.render(&stores, &[]).expect("renders"))
+            });
+        });
+        // A render under churn takes in a few seconds of changes, and edits come in runs (one
+        // Ingress after the other): five Ingresses in a row, their paths changed.
+        let mut in_a_row: Vec<_> = objects
+            .iter()
+            .filter(|o| o["kind"] == "Ingress" && o["metadata"]["namespace"] == "team-8")
+            .cloned()
+            .collect();
+        in_a_row.sort_by(|a, b| a["metadata"]["name"].as_str().cmp(&b["metadata"]["name"].as_str()));
+        let mut in_a_row: Vec<_> = in_a_row.into_iter().skip(count / 34).take(5).collect();
+        group.bench_function(BenchmarkId::new("five_ingresses_in_a_row", count), |b| {
+            b.iter(|| {
+                flip = !flip;
+                for ingress in &mut in_a_row {
+                    move_path(&mut stores, ingress, flip);
+                }
                 black_box(renderer.render(&stores, &[]).expect("renders"))
             });
         });
@@ -168,6 +182,12 @@ fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         });
     }
     group.finish();
+}
+
+/// An Ingress's first path moved (`flip`) or back, in the stores.
+fn move_path(stores: &mut Stores, ingress: &mut serde_json::Value, flip: bool) {
+    ingress["spec"]["rules"][0]["http"]["paths"][0]["path"] = if flip { "/moved".into() } else { "/".into() };
+    std::sync::Arc::make_mut(stores.get_mut("ingresses").expect("ingresses")).apply(ingress.clone()).expect("applies");
 }
 
 fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
