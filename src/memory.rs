@@ -9,10 +9,15 @@
 //! (jemalloc reads it after these).
 
 /// jemalloc's settings: one arena (the controller's threads seldom allocate at once: renders
-/// run one at a time, and each more arena keeps its own partly used pages), freed pages handed
-/// back by jemalloc's own background thread within a second (`dirty_decay_ms`) and at once
-/// after that (`muzzy_decay_ms:0`: no lazily freed stage that still counts as resident).
-pub const JEMALLOC_SETTINGS: &str = "background_thread:true,narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0";
+/// run one at a time, and each more arena keeps its own partly used pages), no thread caches
+/// (`tcache:false`: each of the controller's dozen threads — tokio's workers and blocking
+/// pool, sled's — kept freed small objects of its own; under churn at 10,000 Ingresses that
+/// was 13 MiB of the peak, at no CPU cost measured there, though a render from nothing takes a
+/// third longer: docs/benchmarks.md), freed pages handed back by jemalloc's own background
+/// thread within a second (`dirty_decay_ms`) and at once after that (`muzzy_decay_ms:0`: no
+/// lazily freed stage that still counts as resident).
+pub const JEMALLOC_SETTINGS: &str =
+    "background_thread:true,narenas:1,tcache:false,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
 /// The settings as jemalloc looks for them at start (a C string; `main.rs` exports it under
 /// the prefixed name tikv-jemalloc-sys builds jemalloc with, `_rjem_malloc_conf`).
