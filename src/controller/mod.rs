@@ -746,16 +746,9 @@ async fn render(
         otel.status_code = Empty,
         otel.status_message = Empty
     );
-    let result = tokio::task::spawn_blocking(move || {
-        let result = renderer.render_leaving_out(&stores, &pods, max_left_out);
-        (result, renderer.last_block_counts())
-    })
-    .instrument(span.clone())
-    .await;
-    let (result, blocks) = match result {
-        Ok((result, blocks)) => (Ok(result), Some(blocks)),
-        Err(error) => (Err(error), None),
-    };
+    let result = tokio::task::spawn_blocking(move || renderer.render_leaving_out(&stores, &pods, max_left_out))
+        .instrument(span.clone())
+        .await;
     match &result {
         Ok(Ok((files, left_out))) => {
             span.record("haptic.files", files.entries().count());
@@ -781,7 +774,9 @@ async fn render(
     metrics.reconciliations.get_or_create(&crate::telemetry::metrics::TriggerLabels { trigger }).inc();
     let outcome = |outcome| crate::telemetry::metrics::OutcomeLabels { outcome };
     metrics.renders.get_or_create(&outcome(if matches!(result, Ok(Ok(_))) { "ok" } else { "error" })).inc();
-    if let (Ok(Ok(_)), Some(blocks)) = (&result, blocks) {
+    if let Ok(Ok(_)) = &result {
+        // Renders of the active configuration run one at a time, and only kept ones set this.
+        let blocks = active.renderer.last_block_counts();
         metrics.render_blocks.get_or_create(&outcome("reused")).inc_by(blocks.reused);
         metrics.render_blocks.get_or_create(&outcome("rendered")).inc_by(blocks.rendered);
     }
