@@ -774,9 +774,9 @@ async fn render(
     metrics.reconciliations.get_or_create(&crate::telemetry::metrics::TriggerLabels { trigger }).inc();
     let outcome = |outcome| crate::telemetry::metrics::OutcomeLabels { outcome };
     metrics.renders.get_or_create(&outcome(if matches!(result, Ok(Ok(_))) { "ok" } else { "error" })).inc();
+    // Renders of the active configuration run one at a time, and only kept ones set this.
+    let blocks = active.renderer.last_block_counts();
     if let Ok(Ok(_)) = &result {
-        // Renders of the active configuration run one at a time, and only kept ones set this.
-        let blocks = active.renderer.last_block_counts();
         metrics.render_blocks.get_or_create(&outcome("reused")).inc_by(blocks.reused);
         metrics.render_blocks.get_or_create(&outcome("rendered")).inc_by(blocks.rendered);
     }
@@ -786,7 +786,7 @@ async fn render(
             for error in &left_out {
                 warn!(%error, "left an object out of the render");
             }
-            sink.record(active.generation, &files, &triggers, left_out.len(), elapsed);
+            sink.record(active.generation, &files, &triggers, left_out.len(), elapsed, blocks);
             let refused = left_out.iter().filter_map(|error| status::Refusal::of(&stores_before, error)).collect();
             let offenders: Vec<_> = left_out.iter().filter_map(|e| e.offending_object().cloned()).collect();
             let ingresses = match &active.spec.ingress_status {

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::files::FileSet;
+use crate::render::BlockCounts;
 
 /// One line of `renders.log`.
 #[derive(Debug, Serialize)]
@@ -41,8 +42,16 @@ impl RenderSink {
         Self { dir, count: Mutex::new(0) }
     }
 
-    /// Records one render.
-    pub fn record(&self, generation: i64, files: &FileSet, triggers: &[String], left_out: usize, elapsed: Duration) {
+    /// Records one render, with how many of its blocks it reused and rendered.
+    pub fn record(
+        &self,
+        generation: i64,
+        files: &FileSet,
+        triggers: &[String],
+        left_out: usize,
+        elapsed: Duration,
+        blocks: BlockCounts,
+    ) {
         let render = {
             let mut count = self.count.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             *count += 1;
@@ -62,6 +71,8 @@ impl RenderSink {
             triggers = triggers.len(),
             first_trigger = triggers.first().map(String::as_str).unwrap_or(""),
             millis = record.millis,
+            blocks_reused = blocks.reused,
+            blocks_rendered = blocks.rendered,
             "rendered"
         );
         if let Some(dir) = &self.dir

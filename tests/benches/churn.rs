@@ -129,6 +129,33 @@ impl Writer {
     }
 }
 
+/// The renders (from the controller's `rendered` log lines) that rendered more than half their
+/// blocks: each one holds a second set of blocks while the last is alive.
+fn renders_from_scratch(log: &str) -> String {
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let start = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[start..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let mut largely_rendered = Vec::new();
+    let mut renders = 0;
+    for line in log.lines().filter(|line| line.contains(" rendered ") || line.ends_with(" rendered")) {
+        let (Some(render), Some(reused), Some(rendered)) =
+            (field(line, "render"), field(line, "blocks_reused"), field(line, "blocks_rendered"))
+        else {
+            continue;
+        };
+        renders += 1;
+        if rendered > reused {
+            largely_rendered.push(format!("#{render} ({rendered} of {})", reused + rendered));
+        }
+    }
+    format!(
+        "renders that rendered more blocks than they reused: {} of {renders}: {}",
+        largely_rendered.len(),
+        largely_rendered.join(", ")
+    )
+}
+
 /// Runs `writes` 16 at a time, failing on the first that failed.
 async fn sixteen_at_a_time(writes: impl futures::Stream<Item = impl Future<Output = Result<()>>>) -> Result<()> {
     writes.buffer_unordered(16).collect::<Vec<_>>().await.into_iter().collect()
@@ -513,6 +540,7 @@ async fn main() -> Result<()> {
         "  blocks of successful renders (whole run, the first render's among them): {reused:.0} reused, {rendered:.0} rendered ({:.1}% reused)",
         100.0 * reused / (reused + rendered).max(1.0)
     );
+    println!("  {}", renders_from_scratch(&log));
     for failure in failures.iter().take(5) {
         println!("  NOT SERVED: {failure}");
     }
