@@ -386,6 +386,43 @@ fn a_reused_block_inside_a_block_hands_its_effects_on_once() {
     }
 }
 
+/// Two blocks that give one backend different endpoints: the second moves the slots the
+/// first left (and grows the table), so on the next render the first is rendered again from
+/// the table in force, as a renderer without blocks renders it from the same slots.
+#[test]
+fn a_block_whose_backend_another_block_moved_is_rendered_again() {
+    let endpoints = |addresses: &[&str]| {
+        let list: Vec<String> =
+            addresses.iter().map(|address| format!(r#"{{"address": "{address}", "port": 80}}"#)).collect();
+        format!("[{}]", list.join(", "))
+    };
+    let config = config_with(|c| {
+        let templates = &mut c.spec.templates;
+        templates.snippets.insert(
+            "servers".into(),
+            "{% for s in server_slots(\"shared-backend\", item, 2) %}# {{ s.name | bare_word }} {{ s.address | bare_word }}{% if not s.enabled %} disabled{% endif %}\n{% endfor %}"
+                .into(),
+        );
+        templates.haproxy_config.push_str(&format!(
+            "\n{{{{ shared.render_each(\"snippets/servers\", [{}, {}], \"item\") }}}}",
+            endpoints(&["10.9.0.1", "10.9.0.2"]),
+            endpoints(&["10.9.0.2", "10.9.0.3", "10.9.0.4"]),
+        ));
+    });
+    let stores = haptic::offline::build_stores(&config.spec, &example_objects()).unwrap();
+    let reusing = Renderer::compile(&config.spec).unwrap();
+    let first = reusing.render(&stores, &[]).unwrap();
+    assert!(first.haproxy_cfg.content.contains("# srv4 "), "{}", first.haproxy_cfg.content);
+    for render in 2..=4 {
+        let afresh = Renderer::compile(&config.spec).unwrap();
+        afresh.seed_slots(reusing.slots());
+        let reused = reusing.render(&stores, &[]).unwrap();
+        let expected = afresh.render(&stores, &[]).unwrap();
+        assert_eq!(reused.haproxy_cfg.content, expected.haproxy_cfg.content, "render {render}");
+        assert_eq!(reusing.slots(), afresh.slots(), "render {render}");
+    }
+}
+
 /// A file that renders as it did last time keeps the last render's checksum (not computed
 /// again); a file that changed has the checksum of its new text.
 #[test]

@@ -382,6 +382,8 @@ impl Renderer {
             && kept.slots.is_empty()
         {
             kept.slots = slots;
+            // Not the slots the kept blocks (if any) left: each block's are checked.
+            kept.slots_moved = None;
         }
     }
 
