@@ -64,7 +64,9 @@ impl ValidatorApi {
     pub async fn check(&self, files: &FileSet) -> Result<Verdict, DataplaneError> {
         let mut guard = self.held.lock().await;
         let outcome = match self.store(&mut guard, files).await {
-            Ok(()) => self.client.push_raw(&*files.haproxy_cfg.content, ConfigVersion(0), PushMode::ValidateOnly).await,
+            Ok(()) => {
+                self.client.push_raw(files.haproxy_cfg.content.clone(), ConfigVersion(0), PushMode::ValidateOnly).await
+            }
             Err(error) => Err(error),
         };
         match outcome {

@@ -25,8 +25,8 @@ use super::driver::{
     ActionError, Desired, Patched, PodActions, PodTarget, PodVersions, Reading, StoredCopy, Validation,
 };
 use crate::dataplane::{
-    Access, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadEnd, ReloadId,
-    StorageKind, StoredConfig, WriteGuard,
+    Access, ConfigBody, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadEnd,
+    ReloadId, StorageKind, StoredConfig, WriteGuard,
 };
 use crate::files::{CERTIFICATE_MANIFEST, Checksum};
 use crate::journal::{Journal, PodUid, on_blocking_pool};
@@ -141,15 +141,9 @@ fn failed(error: impl ToString) -> ActionError {
 
 /// The configuration as pushed: the render, with the marker naming it as its last line (last,
 /// so that HAProxy's messages name the render's own line numbers).
-pub fn with_render_marker(config: &str, render: &Checksum) -> String {
-    let separator = if config.is_empty() || config.ends_with('\n') { "" } else { "\n" };
-    let marker = format!("{separator}{RENDER_MARKER}{render}\n");
-    // Sized once: grown by formatting, a 1.5 MB configuration took up to twice its size (and
-    // a copy while growing) for each pod being pushed to.
-    let mut marked = String::with_capacity(config.len() + marker.len());
-    marked.push_str(config);
-    marked.push_str(&marker);
-    marked
+pub fn with_render_marker(config: &Arc<str>, render: &Checksum) -> ConfigBody {
+    // The render's text shared, not copied (see `dataplane::body`).
+    ConfigBody::with_last_line(config.clone(), &format!("{RENDER_MARKER}{render}\n"))
 }
 
 /// The render a stored configuration claims to come from (its marker line), if any.
@@ -716,7 +710,7 @@ mod tests {
     #[test]
     fn a_stored_push_is_recognised_by_its_marker_whatever_layout_the_api_gave_it() {
         let render = Checksum::of(b"global\n    maxconn 10");
-        let pushed = with_render_marker("global\n    maxconn 10", &render);
+        let pushed = with_render_marker(&Arc::from("global\n    maxconn 10"), &render).to_text();
         assert_eq!(
             pushed,
             format!("global\n    maxconn 10\n{RENDER_MARKER}{render}\n"),
