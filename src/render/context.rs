@@ -455,17 +455,15 @@ fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value
             now += 1;
             continue;
         }
-        let added = (now < items.len()).then(|| {
-            (1..=MEND_LOOKAHEAD).find(|ahead| {
-                items.get(now + ahead).is_some_and(|item| old < before.len() && same_item(&before[old], item))
-            })
+        // The view's item further on in `items` (items added before it), or this item further
+        // on in the view (the view's items before it removed).
+        let added = before.get(old).and_then(|wanted| {
+            (1..=MEND_LOOKAHEAD).find(|ahead| items.get(now + ahead).is_some_and(|item| same_item(wanted, item)))
         });
-        let removed = (old < before.len()).then(|| {
-            (1..=MEND_LOOKAHEAD).find(|ahead| {
-                before.get(old + ahead).is_some_and(|item| now < items.len() && same_item(item, &items[now]))
-            })
+        let removed = items.get(now).and_then(|wanted| {
+            (1..=MEND_LOOKAHEAD).find(|ahead| before.get(old + ahead).is_some_and(|item| same_item(item, wanted)))
         });
-        match (added.flatten(), removed.flatten()) {
+        match (added, removed) {
             (Some(count), _) => {
                 new_items.extend(now..now + count);
                 now += count;
@@ -485,15 +483,19 @@ fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value
     }
     let mut order: Vec<u32> =
         view.order.iter().filter_map(|place| moved_to.get(*place as usize).copied().flatten()).collect();
-    let directed = |ordering: std::cmp::Ordering| if reverse { ordering.reverse() } else { ordering };
     for place in new_items {
         let wanted = key(place);
         let at = order.partition_point(|other| {
-            directed(compare_keys(&key(*other as usize), &wanted)).then((*other as usize).cmp(&place)).is_lt()
+            directed(compare_keys(&key(*other as usize), &wanted), reverse).then((*other as usize).cmp(&place)).is_lt()
         });
         order.insert(at, u32::try_from(place).ok()?);
     }
     Some(order)
+}
+
+/// A key comparison in the direction asked.
+fn directed(ordering: std::cmp::Ordering, reverse: bool) -> std::cmp::Ordering {
+    if reverse { ordering.reverse() } else { ordering }
 }
 
 /// Two sort keys in the order `Collector::sorted` sorts them: integers as integers (the same
@@ -1021,10 +1023,9 @@ fn sort_order(items: &[Value], key: &dyn Fn(usize) -> Value, reverse: bool) -> V
     // comparison of them, without its dispatch on every comparison (see `compare_keys`).
     let integers: Option<Vec<i64>> = keys.iter().map(|key| key.is_integer().then(|| key.as_i64()).flatten()).collect();
     // A stable sort with the comparison reversed keeps equal keys in push order.
-    let directed = |ordering: std::cmp::Ordering| if reverse { ordering.reverse() } else { ordering };
     match integers {
-        Some(integers) => order.sort_by(|a, b| directed(integers[*a as usize].cmp(&integers[*b as usize]))),
-        None => order.sort_by(|a, b| directed(keys[*a as usize].cmp(&keys[*b as usize]))),
+        Some(integers) => order.sort_by(|a, b| directed(integers[*a as usize].cmp(&integers[*b as usize]), reverse)),
+        None => order.sort_by(|a, b| directed(keys[*a as usize].cmp(&keys[*b as usize]), reverse)),
     }
     order
 }
