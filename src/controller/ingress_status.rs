@@ -3,7 +3,7 @@
 //! differences, in a task of its own ([`StatusWriter`]). An Ingress of another class, or one the render left out, loses the addresses
 //! this controller wrote (and keeps any another controller wrote).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -113,20 +113,42 @@ pub fn changes_among(
     out
 }
 
+/// An Ingress, by (namespace, name).
+type IngressKey = (Arc<str>, Arc<str>);
+
 /// The changes owed, by (namespace, name): the latest of each Ingress.
-type Owed = BTreeMap<(Arc<str>, Arc<str>), IngressStatusChange>;
+type Owed = BTreeMap<IngressKey, IngressStatusChange>;
 
 /// How many status writes are in flight at once.
 const WRITES_IN_FLIGHT: usize = 8;
+
+/// What the writer owes and what it is writing.
+#[derive(Default)]
+struct Ledger {
+    /// Changes not yet taken by a pass.
+    owed: Owed,
+    /// The lists a pass has taken and not yet written: a render offers every Ingress whose
+    /// stored status still differs, and at a start 10,000 writes take minutes to drain, so
+    /// without this each one still waiting in the pass was owed (and written) a second time.
+    writing: HashMap<IngressKey, Arc<[Json]>>,
+}
+
+impl Ledger {
+    /// Whether exactly this list is being written to this Ingress.
+    fn being_written(&self, key: &IngressKey, ingress: &Arc<[Json]>) -> bool {
+        self.writing.get(key).is_some_and(|writing| Arc::ptr_eq(writing, ingress) || writing[..] == ingress[..])
+    }
+}
 
 /// Writes Ingress statuses beside the controller's loop: at 10,000 Ingresses one batch is
 /// 10,000 PATCHes, which in the loop held every render back for over a minute. What is owed is
 /// one map, the latest change of each Ingress replacing an unwritten one: memory stays bounded
 /// by the Ingresses however many renders offer the same changes while a pass is running (a
-/// queue of batches grew past a gigabyte at 10,000 under churn).
+/// queue of batches grew past a gigabyte at 10,000 under churn), and a change the running pass
+/// will write anyway is not owed again.
 #[derive(Clone)]
 pub struct StatusWriter {
-    owed: Arc<Mutex<Owed>>,
+    ledger: Arc<Mutex<Ledger>>,
     wake: Arc<Notify>,
 }
 
@@ -135,39 +157,64 @@ impl StatusWriter {
     /// the lease drops what it owed (the new leader computes its own) instead of finishing a
     /// pass of up to 10,000 writes under another leader.
     pub fn start(client: kube::Client, may_write: impl Fn() -> bool + Send + Sync + 'static) -> Self {
-        let writer = Self { owed: Arc::default(), wake: Arc::new(Notify::new()) };
-        let (owed, wake) = (writer.owed.clone(), writer.wake.clone());
+        let writer = Self { ledger: Arc::default(), wake: Arc::new(Notify::new()) };
+        let (ledger, wake) = (writer.ledger.clone(), writer.wake.clone());
         tokio::spawn(async move {
             loop {
                 wake.notified().await;
-                let pass = owed.lock().map(|mut owed| std::mem::take(&mut *owed)).unwrap_or_default();
-                futures::stream::iter(pass.into_values())
-                    .filter(|_| std::future::ready(may_write()))
-                    .for_each_concurrent(WRITES_IN_FLIGHT, |change| write_one(&client, change))
+                let pass = ledger
+                    .lock()
+                    .map(|mut ledger| {
+                        let pass = std::mem::take(&mut ledger.owed);
+                        ledger.writing =
+                            pass.iter().map(|(key, change)| (key.clone(), change.ingress.clone())).collect();
+                        pass
+                    })
+                    .unwrap_or_default();
+                futures::stream::iter(pass)
+                    .for_each_concurrent(WRITES_IN_FLIGHT, |(key, change)| {
+                        let (client, ledger, may_write) = (&client, &ledger, &may_write);
+                        async move {
+                            if may_write() {
+                                write_one(client, &change).await;
+                            }
+                            // Written or not (a failure, a follower now), what comes next for
+                            // this Ingress is owed again.
+                            if let Ok(mut ledger) = ledger.lock() {
+                                ledger.writing.remove(&key);
+                            }
+                        }
+                    })
                     .await;
             }
         });
         writer
     }
 
-    /// Owes these changes (nothing to do for none).
+    /// Owes these changes, but for those the running pass is writing already (nothing to do
+    /// for none).
     pub fn offer(&self, changes: Vec<IngressStatusChange>) {
-        if changes.is_empty() {
-            return;
-        }
-        if let Ok(mut owed) = self.owed.lock() {
-            for change in changes {
-                owed.insert((change.namespace.clone(), change.name.clone()), change);
+        let Ok(mut ledger) = self.ledger.lock() else { return };
+        let mut owed_any = false;
+        for change in changes {
+            let key = (change.namespace.clone(), change.name.clone());
+            if ledger.being_written(&key, &change.ingress) {
+                continue;
             }
+            ledger.owed.insert(key, change);
+            owed_any = true;
         }
+        drop(ledger);
         // A pass running now takes these at its end (Notify keeps one wake-up).
-        self.wake.notify_one();
+        if owed_any {
+            self.wake.notify_one();
+        }
     }
 }
 
 /// Sends one change as a merge patch of the Ingress's status; a failure is logged and the next
 /// render (which still sees the difference) tries again.
-async fn write_one(client: &kube::Client, change: IngressStatusChange) {
+async fn write_one(client: &kube::Client, change: &IngressStatusChange) {
     let api: Api<k8s_openapi::api::networking::v1::Ingress> = Api::namespaced(client.clone(), &change.namespace);
     let list = if change.ingress.is_empty() { Json::Null } else { Json::Array(change.ingress.to_vec()) };
     let patch = json!({"status": {"loadBalancer": {"ingress": list}}});
@@ -226,24 +273,31 @@ pub fn class_is_default(stores: &Stores, class: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use super::*;
     use crate::store::{ObjectKey, ResourceStore};
 
-    #[tokio::test]
-    async fn a_replica_that_may_not_write_drops_what_it_owed() {
-        use std::sync::atomic::{AtomicBool, Ordering};
+    /// An API server that answers the status PATCHes of Ingress `ns/a` after `delay`.
+    async fn status_api(delay: Duration) -> (wiremock::MockServer, kube::Client) {
         use wiremock::{Mock, MockServer, ResponseTemplate, matchers};
         let server = MockServer::start().await;
         let ingress = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
                              "metadata": {"name": "a", "namespace": "ns"}});
         Mock::given(matchers::method("PATCH"))
             .and(matchers::path("/apis/networking.k8s.io/v1/namespaces/ns/ingresses/a/status"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(&ingress))
+            .respond_with(ResponseTemplate::new(200).set_body_json(&ingress).set_delay(delay))
             .mount(&server)
             .await;
         let config = kube::Config::new(server.uri().parse().expect("a URL"));
         let client = kube::Client::try_from(config).expect("a client");
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_may_not_write_drops_what_it_owed() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (server, client) = status_api(Duration::ZERO).await;
         let leading = Arc::new(AtomicBool::new(false));
         let asked = leading.clone();
         let writer = StatusWriter::start(client, move || asked.load(Ordering::SeqCst));
@@ -266,6 +320,35 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         assert_eq!(patches().await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_change_the_running_pass_is_writing_is_not_owed_again() {
+        // A slow API server: the pass is still writing when the next renders offer again.
+        let (server, client) = status_api(Duration::from_millis(400)).await;
+        let writer = StatusWriter::start(client, || true);
+        let list = |ip: &str| -> Arc<[Json]> { vec![json!({"ip": ip})].into() };
+        let change = |ingress: Arc<[Json]>| IngressStatusChange { namespace: "ns".into(), name: "a".into(), ingress };
+        let written = || async {
+            let requests = server.received_requests().await.unwrap_or_default();
+            requests.iter().map(|r| String::from_utf8_lossy(&r.body).into_owned()).collect::<Vec<_>>()
+        };
+        writer.offer(vec![change(list("10.0.0.1"))]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Renders during the write still see the old status.
+        writer.offer(vec![change(list("10.0.0.1"))]);
+        writer.offer(vec![change(list("10.0.0.1"))]);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_eq!(written().await.len(), 1, "written once: {:?}", written().await);
+        // A different list during a write is owed, and so is the same one after the write
+        // (another writer changed it back).
+        writer.offer(vec![change(list("10.0.0.1"))]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        writer.offer(vec![change(list("10.0.0.2"))]);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let bodies = written().await;
+        assert_eq!(bodies.len(), 3, "{bodies:?}");
+        assert!(bodies[2].contains("10.0.0.2"), "{bodies:?}");
     }
 
     fn stores(objects: Vec<Json>) -> Stores {
