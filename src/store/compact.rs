@@ -9,7 +9,8 @@
 //! and strings of up to 22 bytes live inside their node. Templates see the same values: maps
 //! (keys in sorted order, as serde_json gave them before), sequences, strings, numbers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hasher;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use minijinja::value::{Enumerator, Object, ObjectExt, ObjectRepr, Value};
@@ -122,8 +123,20 @@ impl Node {
         }
     }
 
-    /// The compact form of `json`, its keys interned.
+    /// The compact form of `json`, its keys interned and its small parts shared with equal
+    /// parts of other stored objects ([`Parts`]).
     pub fn from_json(json: Json) -> Self {
+        Self::from_json_sharing(json, &mut shared_parts())
+    }
+
+    /// [`Node::from_json`] with the pool of shared parts given.
+    fn from_json_sharing(json: Json, parts: &mut Parts) -> Self {
+        Self::build(json, None, parts)
+    }
+
+    /// Builds `json`, found at `place` (its member key, and whether it is an item of the list
+    /// there; none for a whole object).
+    fn build(json: Json, place: Option<Place>, parts: &mut Parts) -> Self {
         match json {
             Json::Null => Self::Null,
             Json::Bool(b) => Self::Bool(b),
@@ -136,14 +149,77 @@ impl Node {
                 Some(short) => Self::Short(short),
                 None => Self::Long(Arc::from(s)),
             },
-            Json::Array(items) => Self::List(items.into_iter().map(Self::from_json).collect()),
+            Json::Array(items) => {
+                let item_place = place.as_ref().map(|place| Place { key: place.key.clone(), item: true });
+                let items: Vec<Node> =
+                    items.into_iter().map(|item| Self::build(item, item_place.clone(), parts)).collect();
+                parts.list(place, items)
+            }
             Json::Object(members) => {
-                let mut entries: Vec<(Arc<str>, Node)> =
-                    members.into_iter().map(|(key, value)| (intern(&key), Self::from_json(value))).collect();
+                let mut entries: Vec<(Arc<str>, Node)> = members
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let key = intern(&key);
+                        let node = Self::build(value, Some(Place { key: key.clone(), item: false }), parts);
+                        (key, node)
+                    })
+                    .collect();
                 // serde_json sorts keys unless a dependency turns on its `preserve_order`.
                 entries.sort_by(|(a, _), (b, _)| a.cmp(b));
-                Self::Map(entries.into())
+                parts.map(place, entries)
             }
+        }
+    }
+
+    /// Feeds what [`Node::same_as`] compares: scalars by value, strings by content, maps and
+    /// lists by address (their parts are shared already when they can be).
+    fn feed_shallow(&self, hasher: &mut dyn Hasher) {
+        match self {
+            Self::Null => hasher.write_u8(0),
+            Self::Bool(b) => hasher.write_u8(if *b { 2 } else { 1 }),
+            Self::Unsigned(u) => {
+                hasher.write_u8(3);
+                hasher.write_u64(*u);
+            }
+            Self::Signed(i) => {
+                hasher.write_u8(4);
+                hasher.write_i64(*i);
+            }
+            Self::Float(f) => {
+                hasher.write_u8(5);
+                hasher.write_u64(f.to_bits());
+            }
+            Self::Short(_) | Self::Long(_) => {
+                hasher.write_u8(6);
+                let text = self.as_str().unwrap_or_default();
+                hasher.write_usize(text.len());
+                hasher.write(text.as_bytes());
+            }
+            Self::List(items) => {
+                hasher.write_u8(7);
+                hasher.write_usize(items.as_ptr() as usize);
+            }
+            Self::Map(members) => {
+                hasher.write_u8(8);
+                hasher.write_usize(members.as_ptr() as usize);
+            }
+        }
+    }
+
+    /// Equal as [`Node::feed_shallow`] hashes: a map or list only to the very same one.
+    fn same_as(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Null, Self::Null) => true,
+            (Self::Bool(a), Self::Bool(b)) => a == b,
+            (Self::Unsigned(a), Self::Unsigned(b)) => a == b,
+            (Self::Signed(a), Self::Signed(b)) => a == b,
+            (Self::Float(a), Self::Float(b)) => a.to_bits() == b.to_bits(),
+            (Self::List(a), Self::List(b)) => Arc::ptr_eq(a, b),
+            (Self::Map(a), Self::Map(b)) => Arc::ptr_eq(a, b),
+            (a, b) => match (a.as_str(), b.as_str()) {
+                (Some(a), Some(b)) => a == b,
+                _ => false,
+            },
         }
     }
 
@@ -200,6 +276,192 @@ impl Object for ListView {
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
         Some(self.0.len())
     }
+}
+
+/// Where a part of an object is: the member key it is under, and whether it is an item of the
+/// list there.
+#[derive(Clone)]
+struct Place {
+    key: Arc<str>,
+    item: bool,
+}
+
+/// The most entries a map or list may have to be shared: the parts that repeat from object to
+/// object are small (a port, an endpoint's conditions, a status everyone is given).
+const SHARED_AT_MOST: usize = 8;
+
+/// How many parts found at one member key are kept for sharing before the odds decide.
+const LEARNING: u32 = 64;
+
+/// One part kept for sharing.
+#[derive(Clone)]
+enum Part {
+    Map(Arc<[(Arc<str>, Node)]>),
+    List(Arc<[Node]>),
+}
+
+impl Part {
+    fn holders(&self) -> usize {
+        match self {
+            Self::Map(members) => Arc::strong_count(members),
+            Self::List(items) => Arc::strong_count(items),
+        }
+    }
+}
+
+/// How often parts found at one member key were equal to one kept.
+#[derive(Default)]
+struct Odds {
+    seen: u32,
+    tried: u32,
+    shared: u32,
+}
+
+impl Odds {
+    /// Whether to look this part up: always while learning, then when at least one in four
+    /// was shared, and one in [`LEARNING`] otherwise so the odds can change (names and
+    /// addresses are unique to their objects, and a pool of them would only cost memory).
+    fn worth_trying(&mut self) -> bool {
+        self.seen = self.seen.wrapping_add(1);
+        self.tried < LEARNING || self.shared.saturating_mul(4) >= self.tried || self.seen.is_multiple_of(LEARNING)
+    }
+
+    fn record(&mut self, shared: bool) {
+        // Halved when large, so the odds follow what objects look like now.
+        if self.tried >= 1 << 16 {
+            self.tried /= 2;
+            self.shared /= 2;
+        }
+        self.tried += 1;
+        self.shared += u32::from(shared);
+    }
+}
+
+/// Small maps and lists of stored objects kept once however many objects hold an equal one:
+/// at 10,000 Ingresses each EndpointSlice repeats its ports and each endpoint's conditions,
+/// each Service its ports, and each Ingress the status every served one is given (about a
+/// kilobyte of every Ingress with its Service and slice). Parts are shared bottom up, so a
+/// map is compared by its entries' keys and values with its own maps and lists by address.
+/// Only places where sharing pays are looked up ([`Odds`]); parts no object holds any more
+/// are dropped when the pool has doubled since the last sweep.
+struct Parts {
+    kept: HashMap<u64, Part, foldhash::fast::RandomState>,
+    odds: HashMap<(Arc<str>, bool), Odds, foldhash::fast::RandomState>,
+    hasher: foldhash::fast::RandomState,
+    sweep_at: usize,
+}
+
+impl Parts {
+    fn new() -> Self {
+        Self { kept: HashMap::default(), odds: HashMap::default(), hasher: Default::default(), sweep_at: 4096 }
+    }
+
+    /// The list `items` at `place`, shared when an equal one is kept.
+    fn list(&mut self, place: Option<Place>, items: Vec<Node>) -> Node {
+        let Some(hash) = self.hash_if_worth(place.as_ref(), items.len(), |hasher| {
+            hasher.write_u8(1);
+            for item in &items {
+                item.feed_shallow(hasher);
+            }
+        }) else {
+            return Node::List(items.into());
+        };
+        let found = match self.kept.get(&hash) {
+            Some(Part::List(kept))
+                if kept.len() == items.len() && kept.iter().zip(&items).all(|(a, b)| a.same_as(b)) =>
+            {
+                Some(kept.clone())
+            }
+            _ => None,
+        };
+        self.record(place, found.is_some());
+        Node::List(found.unwrap_or_else(|| {
+            let items: Arc<[Node]> = items.into();
+            self.keep(hash, Part::List(items.clone()));
+            items
+        }))
+    }
+
+    /// The map of `members` at `place`, shared when an equal one is kept.
+    fn map(&mut self, place: Option<Place>, members: Vec<(Arc<str>, Node)>) -> Node {
+        let Some(hash) = self.hash_if_worth(place.as_ref(), members.len(), |hasher| {
+            hasher.write_u8(2);
+            for (key, value) in &members {
+                hasher.write_usize(key.as_ptr() as usize);
+                value.feed_shallow(hasher);
+            }
+        }) else {
+            return Node::Map(members.into());
+        };
+        let found = match self.kept.get(&hash) {
+            Some(Part::Map(kept))
+                if kept.len() == members.len()
+                    && kept.iter().zip(&members).all(|((ka, a), (kb, b))| Arc::ptr_eq(ka, kb) && a.same_as(b)) =>
+            {
+                Some(kept.clone())
+            }
+            _ => None,
+        };
+        self.record(place, found.is_some());
+        Node::Map(found.unwrap_or_else(|| {
+            let members: Arc<[(Arc<str>, Node)]> = members.into();
+            self.keep(hash, Part::Map(members.clone()));
+            members
+        }))
+    }
+
+    /// The part's hash, when it is small and found where sharing has paid.
+    fn hash_if_worth(&mut self, place: Option<&Place>, len: usize, feed: impl FnOnce(&mut dyn Hasher)) -> Option<u64> {
+        use std::hash::BuildHasher;
+        let place = place?;
+        if len > SHARED_AT_MOST || !self.odds.entry((place.key.clone(), place.item)).or_default().worth_trying() {
+            return None;
+        }
+        let mut hasher = self.hasher.build_hasher();
+        feed(&mut hasher);
+        Some(hasher.finish())
+    }
+
+    fn record(&mut self, place: Option<Place>, shared: bool) {
+        if let Some(odds) = place.and_then(|place| self.odds.get_mut(&(place.key, place.item))) {
+            odds.record(shared);
+        }
+    }
+
+    /// Keeps a part for sharing (a different part with the same hash keeps its place).
+    fn keep(&mut self, hash: u64, part: Part) {
+        if self.kept.len() >= self.sweep_at {
+            self.sweep();
+        }
+        self.kept.entry(hash).or_insert(part);
+    }
+
+    /// Drops the parts no object holds any more: again until none goes, since a part held
+    /// only by a dropped part is free only once that one is gone.
+    fn sweep(&mut self) {
+        loop {
+            let before = self.kept.len();
+            self.kept.retain(|_, part| part.holders() > 1);
+            if self.kept.len() == before {
+                break;
+            }
+        }
+        self.sweep_at = (self.kept.len() * 2).max(4096);
+    }
+}
+
+/// The process's pool of shared parts.
+fn shared_parts() -> std::sync::MutexGuard<'static, Parts> {
+    static PARTS: OnceLock<Mutex<Parts>> = OnceLock::new();
+    let parts = PARTS.get_or_init(|| Mutex::new(Parts::new()));
+    // A poisoned lock still holds a usable pool: sharing is only an economy.
+    parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Drops the shared parts no stored object holds now, rather than at the pool's next sweep
+/// (a benchmark measuring stores starts from a pool that holds nothing of earlier ones).
+pub fn sweep_shared_parts() {
+    shared_parts().sweep();
 }
 
 /// Keys seen in stored objects, each kept once. Entries no object uses any more are dropped
@@ -278,6 +540,103 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(ports, [Port { name: "http".into(), port: 80 }, Port { name: "https".into(), port: 443 }]);
+    }
+
+    fn map_at<'a>(node: &'a Node, path: &[&str]) -> &'a Arc<[(Arc<str>, Node)]> {
+        let mut node = node;
+        for key in path {
+            node = match key.parse::<usize>() {
+                Ok(index) => &node.items()[index],
+                Err(_) => node.get(key).expect("the path"),
+            };
+        }
+        match node {
+            Node::Map(members) => members,
+            _ => panic!("a map at {path:?}"),
+        }
+    }
+
+    fn slice(address: &str, ready: bool) -> Json {
+        json!({"metadata": {"name": address}, "ports": [{"name": "http", "port": 80}],
+               "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}]})
+    }
+
+    #[test]
+    fn equal_small_parts_of_different_objects_are_kept_once() {
+        let mut parts = Parts::new();
+        let a = Node::from_json_sharing(slice("198.18.0.1", true), &mut parts);
+        let b = Node::from_json_sharing(slice("198.18.0.2", true), &mut parts);
+        let c = Node::from_json_sharing(slice("198.18.0.3", false), &mut parts);
+        let conditions = ["endpoints", "0", "conditions"];
+        assert!(Arc::ptr_eq(map_at(&a, &conditions), map_at(&b, &conditions)), "equal conditions are one");
+        assert!(!Arc::ptr_eq(map_at(&a, &conditions), map_at(&c, &conditions)), "different ones are not");
+        let (Some(Node::List(ports_a)), Some(Node::List(ports_c))) = (a.get("ports"), c.get("ports")) else {
+            panic!("ports")
+        };
+        assert!(Arc::ptr_eq(ports_a, ports_c), "equal lists of equal maps are one");
+        assert!(!Arc::ptr_eq(map_at(&a, &["endpoints", "0"]), map_at(&b, &["endpoints", "0"])));
+        // Whole objects are never pooled.
+        let again = Node::from_json_sharing(slice("198.18.0.1", true), &mut parts);
+        let (Node::Map(first), Node::Map(second)) = (&a, &again) else { panic!("maps") };
+        assert!(!Arc::ptr_eq(first, second));
+    }
+
+    #[test]
+    fn parts_unique_to_their_objects_stop_being_kept() {
+        let mut parts = Parts::new();
+        let objects: Vec<Node> = (0..2000)
+            .map(|n| Node::from_json_sharing(slice(&format!("198.18.{}.{}", n / 250, n % 250), true), &mut parts))
+            .collect();
+        // Learning keeps a few unique endpoints and address lists, the odds then stop it; the
+        // shared conditions and ports are one part each.
+        let kept = parts.kept.len();
+        assert!(kept < 4 * LEARNING as usize + 2000 * 4 / LEARNING as usize, "{kept} parts kept");
+        let conditions = ["endpoints", "0", "conditions"];
+        assert!(objects.iter().all(|o| Arc::ptr_eq(map_at(o, &conditions), map_at(&objects[0], &conditions))));
+    }
+
+    #[test]
+    fn parts_no_object_holds_are_dropped_at_a_sweep() {
+        let mut parts = Parts::new();
+        let gone = Node::from_json_sharing(slice("198.18.0.1", false), &mut parts);
+        let kept_before = parts.kept.len();
+        drop(gone);
+        parts.sweep_at = 0;
+        let live = Node::from_json_sharing(slice("198.18.0.2", true), &mut parts);
+        assert!(parts.kept.values().all(|part| part.holders() > 1), "only parts an object holds are left");
+        assert!(parts.kept.len() <= kept_before, "{} parts after the sweep, {kept_before} before", parts.kept.len());
+        drop(live);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn shared_parts_read_as_what_was_stored(objects in proptest::collection::vec(json_value(), 1..12)) {
+            let mut parts = Parts::new();
+            let built: Vec<Node> =
+                objects.iter().map(|json| Node::from_json_sharing(json!({"o": json.clone()}), &mut parts)).collect();
+            for (json, node) in objects.iter().zip(&built) {
+                let read: Json = serde_json::to_value(node.to_value()).expect("serializable");
+                proptest::prop_assert_eq!(&read, &json!({"o": json.clone()}));
+            }
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Json> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::from),
+            (0u64..4).prop_map(Json::from),
+            (-2i64..0).prop_map(Json::from),
+            prop::sample::select(vec!["a", "b", "a string longer than twenty-two bytes"]).prop_map(Json::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Json::from),
+                prop::collection::btree_map(prop::sample::select(vec!["x", "y", "z"]), inner, 0..3)
+                    .prop_map(|map| Json::Object(map.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
+            ]
+        })
     }
 
     #[test]
