@@ -343,17 +343,28 @@ impl Odds {
 /// kilobyte of every Ingress with its Service and slice). Parts are shared bottom up, so a
 /// map is compared by its entries' keys and values with its own maps and lists by address.
 /// Only places where sharing pays are looked up ([`Odds`]); parts no object holds any more
-/// are dropped when the pool has doubled since the last sweep.
+/// are dropped when the pool has doubled since the last sweep, and so are the odds of keys
+/// no object has any more when they have doubled (keys can be data: a ConfigMap's).
 struct Parts {
     kept: HashMap<u64, Part, foldhash::fast::RandomState>,
     odds: HashMap<(Arc<str>, bool), Odds, foldhash::fast::RandomState>,
     hasher: foldhash::fast::RandomState,
     sweep_at: usize,
+    odds_sweep_at: usize,
 }
+
+/// How many keys' odds are kept before the first sweep of them.
+const ODDS_KEPT_AT_FIRST: usize = 1024;
 
 impl Parts {
     fn new() -> Self {
-        Self { kept: HashMap::default(), odds: HashMap::default(), hasher: Default::default(), sweep_at: 4096 }
+        Self {
+            kept: HashMap::default(),
+            odds: HashMap::default(),
+            hasher: Default::default(),
+            sweep_at: 4096,
+            odds_sweep_at: ODDS_KEPT_AT_FIRST,
+        }
     }
 
     /// The list `items` at `place`, shared when an equal one is kept.
@@ -414,6 +425,11 @@ impl Parts {
     fn hash_if_worth(&mut self, place: Option<&Place>, len: usize, feed: impl FnOnce(&mut dyn Hasher)) -> Option<u64> {
         use std::hash::BuildHasher;
         let place = place?;
+        if self.odds.len() >= self.odds_sweep_at {
+            // A key held only here and by the key interner is no object's any more.
+            self.odds.retain(|(key, _), _| Arc::strong_count(key) > 2);
+            self.odds_sweep_at = (self.odds.len() * 2).max(ODDS_KEPT_AT_FIRST);
+        }
         if len > SHARED_AT_MOST || !self.odds.entry((place.key.clone(), place.item)).or_default().worth_trying() {
             return None;
         }
@@ -605,6 +621,22 @@ mod tests {
         let live = Node::from_json_sharing(slice("198.18.0.2", true), &mut parts);
         assert!(parts.kept.values().all(|part| part.holders() > 1), "only parts an object holds are left");
         assert!(parts.kept.len() <= kept_before, "{} parts after the sweep, {kept_before} before", parts.kept.len());
+        drop(live);
+    }
+
+    #[test]
+    fn the_odds_of_keys_no_object_has_are_forgotten() {
+        let mut parts = Parts::new();
+        for n in 0..3 * ODDS_KEPT_AT_FIRST {
+            // Keys that are data, each object's own, gone with it.
+            drop(Node::from_json_sharing(json!({"data": {format!("key-{n}"): {"x": 1}}}), &mut parts));
+        }
+        assert!(parts.odds.len() <= ODDS_KEPT_AT_FIRST + 1, "{} keys' odds kept", parts.odds.len());
+        // A key some object still has keeps its odds.
+        let live = Node::from_json_sharing(json!({"data": {"kept": {"x": 1}}}), &mut parts);
+        parts.odds_sweep_at = 0;
+        drop(Node::from_json_sharing(json!({"data": {"other": {"x": 1}}}), &mut parts));
+        assert!(parts.odds.keys().any(|(key, _)| &**key == "kept"));
         drop(live);
     }
 
