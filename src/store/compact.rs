@@ -309,6 +309,16 @@ impl Part {
     }
 }
 
+/// What the pool has for a part.
+enum Found {
+    /// Not looked for: too large, or where sharing has not paid.
+    NotLooked,
+    /// An equal part, kept.
+    Kept(Part),
+    /// None yet: the part is kept under this hash.
+    New(u64),
+}
+
 /// How often parts found at one member key were equal to one kept.
 #[derive(Default)]
 struct Odds {
@@ -369,79 +379,87 @@ impl Parts {
 
     /// The list `items` at `place`, shared when an equal one is kept.
     fn list(&mut self, place: Option<Place>, items: Vec<Node>) -> Node {
-        let Some(hash) = self.hash_if_worth(place.as_ref(), items.len(), |hasher| {
-            hasher.write_u8(1);
-            for item in &items {
-                item.feed_shallow(hasher);
+        let found = self.find(
+            place,
+            items.len(),
+            |hasher| {
+                hasher.write_u8(1);
+                for item in &items {
+                    item.feed_shallow(hasher);
+                }
+            },
+            |part| {
+                matches!(part, Part::List(kept)
+                    if kept.len() == items.len() && kept.iter().zip(&items).all(|(a, b)| a.same_as(b)))
+            },
+        );
+        Node::List(match found {
+            Found::Kept(Part::List(kept)) => kept,
+            Found::New(hash) => {
+                let items: Arc<[Node]> = items.into();
+                self.keep(hash, Part::List(items.clone()));
+                items
             }
-        }) else {
-            return Node::List(items.into());
-        };
-        let found = match self.kept.get(&hash) {
-            Some(Part::List(kept))
-                if kept.len() == items.len() && kept.iter().zip(&items).all(|(a, b)| a.same_as(b)) =>
-            {
-                Some(kept.clone())
-            }
-            _ => None,
-        };
-        self.record(place, found.is_some());
-        Node::List(found.unwrap_or_else(|| {
-            let items: Arc<[Node]> = items.into();
-            self.keep(hash, Part::List(items.clone()));
-            items
-        }))
+            _ => items.into(),
+        })
     }
 
     /// The map of `members` at `place`, shared when an equal one is kept.
     fn map(&mut self, place: Option<Place>, members: Vec<(Arc<str>, Node)>) -> Node {
-        let Some(hash) = self.hash_if_worth(place.as_ref(), members.len(), |hasher| {
-            hasher.write_u8(2);
-            for (key, value) in &members {
-                hasher.write_usize(key.as_ptr() as usize);
-                value.feed_shallow(hasher);
+        let found = self.find(
+            place,
+            members.len(),
+            |hasher| {
+                hasher.write_u8(2);
+                for (key, value) in &members {
+                    hasher.write_usize(key.as_ptr() as usize);
+                    value.feed_shallow(hasher);
+                }
+            },
+            |part| {
+                matches!(part, Part::Map(kept)
+                    if kept.len() == members.len()
+                        && kept.iter().zip(&members).all(|((ka, a), (kb, b))| Arc::ptr_eq(ka, kb) && a.same_as(b)))
+            },
+        );
+        Node::Map(match found {
+            Found::Kept(Part::Map(kept)) => kept,
+            Found::New(hash) => {
+                let members: Arc<[(Arc<str>, Node)]> = members.into();
+                self.keep(hash, Part::Map(members.clone()));
+                members
             }
-        }) else {
-            return Node::Map(members.into());
-        };
-        let found = match self.kept.get(&hash) {
-            Some(Part::Map(kept))
-                if kept.len() == members.len()
-                    && kept.iter().zip(&members).all(|((ka, a), (kb, b))| Arc::ptr_eq(ka, kb) && a.same_as(b)) =>
-            {
-                Some(kept.clone())
-            }
-            _ => None,
-        };
-        self.record(place, found.is_some());
-        Node::Map(found.unwrap_or_else(|| {
-            let members: Arc<[(Arc<str>, Node)]> = members.into();
-            self.keep(hash, Part::Map(members.clone()));
-            members
-        }))
+            _ => members.into(),
+        })
     }
 
-    /// The part's hash, when it is small and found where sharing has paid.
-    fn hash_if_worth(&mut self, place: Option<&Place>, len: usize, feed: impl FnOnce(&mut dyn Hasher)) -> Option<u64> {
+    /// Looks a part of `len` entries up at `place`, when it is small and found where sharing
+    /// has paid: `feed` hashes it, `equal` compares it with a kept one. Its key's odds are
+    /// read and counted in one lookup.
+    fn find(
+        &mut self,
+        place: Option<Place>,
+        len: usize,
+        feed: impl FnOnce(&mut dyn Hasher),
+        equal: impl FnOnce(&Part) -> bool,
+    ) -> Found {
         use std::hash::BuildHasher;
-        let place = place?;
+        let Some(place) = place.filter(|_| len <= SHARED_AT_MOST) else { return Found::NotLooked };
         if self.odds.len() >= self.odds_sweep_at {
             // A key held only here and by the key interner is no object's any more.
             self.odds.retain(|(key, _), _| Arc::strong_count(key) > 2);
             self.odds_sweep_at = (self.odds.len() * 2).max(ODDS_KEPT_AT_FIRST);
         }
-        if len > SHARED_AT_MOST || !self.odds.entry((place.key.clone(), place.item)).or_default().worth_trying() {
-            return None;
+        let odds = self.odds.entry((place.key, place.item)).or_default();
+        if !odds.worth_trying() {
+            return Found::NotLooked;
         }
         let mut hasher = self.hasher.build_hasher();
         feed(&mut hasher);
-        Some(hasher.finish())
-    }
-
-    fn record(&mut self, place: Option<Place>, shared: bool) {
-        if let Some(odds) = place.and_then(|place| self.odds.get_mut(&(place.key, place.item))) {
-            odds.record(shared);
-        }
+        let hash = hasher.finish();
+        let kept = self.kept.get(&hash).filter(|part| equal(part)).cloned();
+        odds.record(kept.is_some());
+        kept.map_or(Found::New(hash), Found::Kept)
     }
 
     /// Keeps a part for sharing (a different part with the same hash keeps its place).
