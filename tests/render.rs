@@ -386,6 +386,45 @@ fn a_reused_block_inside_a_block_hands_its_effects_on_once() {
     }
 }
 
+/// A name is claimed once per render whoever claims it: a shared collector's `claim()`, a
+/// `distinct` over another collector, a block rendered or a block reused (its claims replayed).
+/// And a block sees its item over `with`'s entries, and `with`'s entries over the globals.
+#[test]
+fn a_name_is_claimed_once_by_collectors_distinct_and_reused_blocks_alike() {
+    let config = config_with(|c| {
+        let templates = &mut c.spec.templates;
+        templates.snippets.insert(
+            "claimer".into(),
+            "{% if shared.collector(\"backend/\" ~ item.name).claim() %}# won {{ item.name | bare_word }} {{ extraContext | bare_word }}\n{% endif %}".into(),
+        );
+        templates.haproxy_config.push_str(concat!(
+            "\n{% set _ = shared.collector(\"names\").push({\"name\": \"b\"}) %}",
+            "{% set _ = shared.collector(\"names\").push({\"name\": \"a\"}) %}",
+            "{% set _ = shared.collector(\"names\").push({\"name\": \"c\"}) %}",
+            "{{ shared.render_each(\"snippets/claimer\", [{\"name\": \"a\"}, {\"name\": \"x\"}], \"item\", {\"item\": \"given\", \"extraContext\": \"with\"}) }}",
+            "{% for n in shared.distinct(\"names\", \"name\", \"backend/\") %}# distinct {{ n.name | bare_word }}\n{% endfor %}",
+            "{% if shared.collector(\"backend/c\").claim() %}# c again\n{% endif %}",
+            "{% if shared.collector(\"backend/y\").claim() %}# won y\n{% endif %}\n",
+        ));
+    });
+    let renderer = Renderer::compile(&config.spec).unwrap();
+    let stores = haptic::offline::build_stores(&config.spec, &example_objects()).unwrap();
+    for render in 1..=3 {
+        let files = renderer.render(&stores, &[]).unwrap();
+        let text = &files.haproxy_cfg.content;
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("# won") || line.starts_with("# distinct") || line.starts_with("# c again"))
+            .collect();
+        assert_eq!(
+            lines,
+            ["# won a with", "# won x with", "# distinct b", "# distinct c", "# won y"],
+            "render {render} (blocks reused after the first): {text}"
+        );
+        assert_eq!(renderer.last_block_counts().reused, if render == 1 { 0 } else { 2 }, "render {render}");
+    }
+}
+
 /// Two blocks that give one backend different endpoints: the second moves the slots the
 /// first left (and grows the table), so on the next render the first is rendered again from
 /// the table in force, as a renderer without blocks renders it from the same slots.

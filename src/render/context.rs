@@ -538,6 +538,9 @@ pub(crate) struct NameCounts {
 /// Backends by name.
 pub(crate) type BackendNames = std::collections::HashSet<String, foldhash::fast::RandomState>;
 
+/// The names a render claimed, by fingerprint.
+type ClaimedNames = std::sync::Mutex<super::memo::FingerprintSet>;
+
 /// Maps by name that templates fill by the tens of thousands per render.
 type Names<V> = std::collections::HashMap<Arc<str>, V, foldhash::quality::RandomState>;
 
@@ -546,11 +549,10 @@ type Names<V> = std::collections::HashMap<Arc<str>, V, foldhash::quality::Random
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     collectors: std::sync::Mutex<Names<Arc<Collector>>>,
-    /// Names claimed with no collector made for them (claims replayed by reused blocks, and
-    /// `distinct`'s): a claim is only a name, and a collector object made for each of a
-    /// render's ~20,000 claims was a tenth of a render that reused every block. A collector
-    /// made later for such a name starts claimed.
-    claimed_names: std::sync::Mutex<std::collections::HashSet<Arc<str>, foldhash::quality::RandomState>>,
+    /// Every name claimed (shared collectors' and `distinct`'s), by fingerprint: a claim is
+    /// only a name, and a collector object made for each of a render's ~20,000 claims was a
+    /// tenth of a render that reused every block. Shared collectors claim here too.
+    claimed_names: Arc<ClaimedNames>,
     /// Certificates registered by `tls_certificate(...)`, by file name.
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// General files registered by functions (`ca_file(...)`), by file name.
@@ -575,10 +577,10 @@ impl Shared {
         let expected = carried.name_counts;
         Self {
             collectors: std::sync::Mutex::new(Names::with_capacity_and_hasher(expected.collectors, Default::default())),
-            claimed_names: std::sync::Mutex::new(std::collections::HashSet::with_capacity_and_hasher(
+            claimed_names: Arc::new(std::sync::Mutex::new(super::memo::FingerprintSet::with_capacity_and_hasher(
                 expected.claimed_names,
                 Default::default(),
-            )),
+            ))),
             slots_before: carried.slots,
             slots_moved_before: carried.slots_moved,
             sorted_views: Arc::new(SortedCarry { before: carried.sorted_views, now: Default::default() }),
@@ -717,28 +719,20 @@ impl Shared {
         if let Some(collector) = collectors.get(name) {
             return Ok(collector.clone());
         }
-        let claimed = self.claimed_names.lock().is_ok_and(|claims| claims.contains(name));
         let name = owned();
         let collector = Arc::new(Collector {
+            claim: Some((super::memo::name_fingerprint(&name), self.claimed_names.clone())),
             name: Some(name.clone()),
             sorted_views: Some(self.sorted_views.clone()),
-            claimed: std::sync::atomic::AtomicBool::new(claimed),
             ..Collector::default()
         });
         collectors.insert(name, collector.clone());
         Ok(collector)
     }
 
-    /// Claims a name: the collector's, if one was made, else the name alone. True for the
-    /// first claim only.
-    fn claim_name(&self, name: &str, owned: impl FnOnce() -> Arc<str>) -> bool {
-        let Ok(collectors) = self.collectors.lock() else { return false };
-        match collectors.get(name) {
-            Some(collector) => !collector.claimed.swap(true, std::sync::atomic::Ordering::Relaxed),
-            // One insert, one lookup: a name is claimed at most once per render, so a copy made
-            // for a claim that loses is rare (a reused block's claim shares its copy).
-            None => self.claimed_names.lock().is_ok_and(|mut claims| claims.insert(owned())),
-        }
+    /// Claims a name (a shared collector's, or any other). True for the first claim only.
+    fn claim_name(&self, name: super::memo::Fingerprint) -> bool {
+        self.claimed_names.lock().is_ok_and(|mut claims| claims.insert(name))
     }
 
     /// `distinct(collector, attribute, claim_prefix)`: the collector's items ordered by one
@@ -757,8 +751,9 @@ impl Shared {
             }
             name.truncate(claim_prefix.len());
             name.push_str(value.as_str().unwrap_or_default());
-            let won = self.claim_name(&name, || name.as_str().into());
-            super::memo::record_effect(|| super::memo::Effect::Claim { collector: name.as_str().into(), won });
+            let claimed = super::memo::name_fingerprint(&name);
+            let won = self.claim_name(claimed);
+            super::memo::record_effect(|| super::memo::Effect::Claim { name: claimed, won });
             if won {
                 chosen.push(item);
             }
@@ -843,14 +838,8 @@ impl super::memo::RenderState for RenderNow<'_> {
         self.view(alias).is_some_and(|view| view.finds(key, found))
     }
 
-    fn claimed(&self, collector: &str) -> bool {
-        // A collector nobody asked for yet is unclaimed unless a reused block claimed its name:
-        // no need to make it to say so.
-        let Ok(collectors) = self.shared.collectors.lock() else { return false };
-        match collectors.get(collector) {
-            Some(collector) => collector.claimed.load(std::sync::atomic::Ordering::Relaxed),
-            None => self.shared.claimed_names.lock().is_ok_and(|claims| claims.contains(collector)),
-        }
+    fn claimed(&self, name: super::memo::Fingerprint) -> bool {
+        self.shared.claimed_names.lock().is_ok_and(|claims| claims.contains(&name))
     }
 
     fn slots_are(&self, backend: &str, table: &Arc<crate::plan::slots::SlotTable>) -> bool {
@@ -882,8 +871,8 @@ impl super::memo::RenderState for RenderNow<'_> {
                     items.push(value.clone());
                 }
             }
-            Effect::Claim { collector, .. } => {
-                self.shared.claim_name(collector, || collector.clone());
+            Effect::Claim { name, .. } => {
+                self.shared.claim_name(*name);
             }
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
@@ -935,7 +924,11 @@ pub(crate) struct Collector {
     /// block records; none for a template's own.
     name: Option<Arc<str>>,
     items: std::sync::Mutex<Vec<Value>>,
+    /// A template's own collector's claim.
     claimed: std::sync::atomic::AtomicBool,
+    /// A shared collector's name's fingerprint and the render's claimed names, where its
+    /// claim is made.
+    claim: Option<(super::memo::Fingerprint, Arc<ClaimedNames>)>,
     /// `sorted(...)` results by (attribute, reverse), so several files can share one sort.
     sorted: std::sync::Mutex<std::collections::BTreeMap<(String, bool), Value>>,
     /// A shared collector's link to the sorted views carried between renders.
@@ -967,10 +960,11 @@ impl Collector {
 
     /// True for the first caller only.
     fn claim(&self) -> bool {
-        let won = !self.claimed.swap(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(name) = &self.name {
-            super::memo::record_effect(|| super::memo::Effect::Claim { collector: name.clone(), won });
-        }
+        let Some((name, claimed)) = &self.claim else {
+            return !self.claimed.swap(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        let won = claimed.lock().is_ok_and(|mut claims| claims.insert(*name));
+        super::memo::record_effect(|| super::memo::Effect::Claim { name: *name, won });
         won
     }
 

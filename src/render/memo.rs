@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use minijinja::value::{Value, ValueKind};
+use minijinja::value::{Enumerator, Object, ObjectRepr, Value, ValueKind};
 use minijinja::{Error, ErrorKind, State};
 
 use crate::files::{Checksum, RenderedFile};
@@ -104,6 +104,17 @@ pub(crate) fn fingerprint(value: &Value) -> Option<Fingerprint> {
 pub(crate) fn text_fingerprint(text: &str) -> Fingerprint {
     combine(|digest| text.hash(digest))
 }
+
+/// The fingerprint of a shared name (a claim): a render claims ~20,000 names, each kept by the
+/// block that claimed it, and a set of fingerprints is hashed once per claim, never compared
+/// as text, and freed as one allocation (the names themselves, looked up among collectors and
+/// then in a set of text, were a seventh of a render that reused every block).
+pub(crate) fn name_fingerprint(name: &str) -> Fingerprint {
+    text_fingerprint(name)
+}
+
+/// Fingerprints in a set, not hashed again.
+pub(crate) type FingerprintSet = std::collections::HashSet<Fingerprint, BuildHasherDefault<KeyHasher>>;
 
 /// The fingerprint of parts already fingerprinted (a route of an Ingress of some identity).
 pub(crate) fn combine(parts: impl FnOnce(&mut Digest)) -> Fingerprint {
@@ -241,10 +252,11 @@ pub(crate) enum Effect {
         /// The value.
         value: Value,
     },
-    /// A shared collector claimed, and whether this block was first.
+    /// A shared name claimed (a shared collector's, or `distinct`'s), and whether this block
+    /// was first.
     Claim {
-        /// The collector's name.
-        collector: Arc<str>,
+        /// The name's fingerprint ([`name_fingerprint`]).
+        name: Fingerprint,
         /// True when the claim was won.
         won: bool,
     },
@@ -330,7 +342,7 @@ pub(crate) struct Block {
 
 /// Keys are fingerprints already: hashing them again would be wasted work.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -514,8 +526,8 @@ pub(crate) trait RenderState {
     ) -> Option<bool>;
     /// Whether a store holds exactly `found` under an index key now.
     fn finds(&self, alias: &Arc<str>, key: &[String], found: &[Identity]) -> bool;
-    /// Whether a shared collector is claimed already.
-    fn claimed(&self, collector: &str) -> bool;
+    /// Whether a shared name is claimed already.
+    fn claimed(&self, name: Fingerprint) -> bool;
     /// Whether a backend's server slots are `table` now.
     fn slots_are(&self, backend: &str, table: &Arc<SlotTable>) -> bool;
     /// Replays one effect.
@@ -550,7 +562,7 @@ fn still_valid(block: &Block, now: &dyn RenderState) -> bool {
         }
     }
     block.effects.iter().all(|effect| match effect {
-        Effect::Claim { collector, won } => now.claimed(collector) != *won,
+        Effect::Claim { name, won } => now.claimed(*name) != *won,
         Effect::Slots { backend, table } => now.slots_are(backend, table),
         _ => true,
     })
@@ -573,10 +585,10 @@ pub(crate) fn render_each(
         Some(with) => fingerprint(with),
         None => Some(combine(|_| {})),
     };
-    let mut context: BTreeMap<String, Value> = BTreeMap::new();
+    let mut given: BTreeMap<String, Value> = BTreeMap::new();
     for global in ["resources", "extraContext", "shared"] {
         if let Some(value) = state.lookup(global) {
-            context.insert(global.to_owned(), value);
+            given.insert(global.to_owned(), value);
         }
     }
     if let Some(with) = with.filter(|with| !with.is_undefined() && !with.is_none()) {
@@ -585,9 +597,12 @@ pub(crate) fn render_each(
         })?;
         for key in keys {
             let Some(text) = key.as_str() else { continue };
-            context.insert(text.to_owned(), with.get_item(&key)?);
+            given.insert(text.to_owned(), with.get_item(&key)?);
         }
     }
+    given.remove(name);
+    let given: Arc<[(String, Value)]> = given.into_iter().collect();
+    let name_shared: Arc<str> = name.into();
     let items = items
         .try_iter()
         .map_err(|_| Error::new(ErrorKind::InvalidOperation, "render_each: items is a list to render a block for"))?;
@@ -624,9 +639,9 @@ pub(crate) fn render_each(
             continue;
         }
         counts.rendered += 1;
-        context.insert(name.to_owned(), item);
+        let context = BlockContext { given: given.clone(), name: name_shared.clone(), item };
         RECORDINGS.with(|recordings| recordings.borrow_mut().push(Recording { cacheable: true, ..Default::default() }));
-        let rendered = compiled.render(&context);
+        let rendered = compiled.render(Value::from_object(context));
         let recording = RECORDINGS.with(|recordings| recordings.borrow_mut().pop()).unwrap_or_default();
         let rendered = rendered?;
         output.push_str(&rendered);
@@ -650,6 +665,38 @@ pub(crate) fn render_each(
         total.rendered += counts.rendered;
     }
     Ok(super::library::VettedLines(output))
+}
+
+/// What one block sees: its item under its name, and what every block of the call is given
+/// (the render's globals and `with`'s entries), shared by the call's blocks. Built as a map for
+/// every block, the context was a twentieth of a full render (its keys copied, its entries
+/// hashed, its values cloned into a map of minijinja's, each block).
+#[derive(Debug)]
+struct BlockContext {
+    /// The globals and `with`'s entries, `with` over the globals, the item's name left out.
+    given: Arc<[(String, Value)]>,
+    name: Arc<str>,
+    item: Value,
+}
+
+impl Object for BlockContext {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let key = key.as_str()?;
+        if key == &*self.name {
+            return Some(self.item.clone());
+        }
+        self.given.iter().find(|(given, _)| given == key).map(|(_, value)| value.clone())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let keys = std::iter::once(Value::from(&*self.name))
+            .chain(self.given.iter().map(|(key, _)| Value::from(key.as_str())));
+        Enumerator::Values(keys.collect())
+    }
 }
 
 /// A block's reads and effects become its enclosing block's too, when blocks nest.
