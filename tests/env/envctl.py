@@ -270,6 +270,24 @@ def shared_dir() -> Path | None:
     return None
 
 
+def dataplaneapi_built(returncode: int, output: Path) -> bool:
+    """Whether a build of the Dataplane API made a working binary of the version wanted.
+
+    The shared build tool ends with `"$out" --version | head -n 1` under pipefail, so it
+    exits 141 (SIGPIPE) when `head` closes the pipe before the binary has written its last
+    line: the build itself succeeded. The binary's own answer decides, not that last pipe.
+    """
+    if returncode == 0:
+        return output.exists()
+    if returncode != 128 + signal.SIGPIPE or not os.access(output, os.X_OK):
+        return False
+    try:
+        answer = subprocess.run([str(output), "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return answer.returncode == 0 and f"Data Plane API {DATAPLANEAPI_TAG}" in answer.stdout
+
+
 def build_dataplaneapi() -> Path:
     """Builds the Dataplane API once per cache, keyed by its sources' checksums.
 
@@ -307,7 +325,7 @@ def build_dataplaneapi() -> Path:
     started = time.monotonic()
     with build_log.open("w") as out:
         built = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
-    if built.returncode != 0 or not output.exists():
+    if not dataplaneapi_built(built.returncode, output):
         raise EnvError(f"build failed: the HAProxy Dataplane API {DATAPLANEAPI_TAG} did not build "
                        f"({command[0]} exited {built.returncode}); every test that deploys needs it. "
                        f"log: {build_log}\n{tail(build_log)}")

@@ -52,6 +52,19 @@ def test_failed_build_points_at_its_log(tmp_path, monkeypatch):
     assert "main.go" in message, "the log's last lines are shown"
 
 
+def test_dataplaneapi_build_is_judged_by_the_binary_not_the_tools_version_pipe(tmp_path):
+    binary = tmp_path / "dataplaneapi"
+    binary.write_text(f"#!/bin/sh\necho 'HAProxy Data Plane API {envctl.DATAPLANEAPI_TAG} 3f1e3ef3'\necho more\n")
+    binary.chmod(0o755)
+    sigpipe = 128 + 13
+    assert envctl.dataplaneapi_built(0, binary)
+    assert envctl.dataplaneapi_built(sigpipe, binary), "head closing the version pipe is not a failed build"
+    assert not envctl.dataplaneapi_built(3, binary), "the tool's own failure stands"
+    assert not envctl.dataplaneapi_built(sigpipe, tmp_path / "absent")
+    binary.write_text("#!/bin/sh\necho 'HAProxy Data Plane API v0.0.1'\n")
+    assert not envctl.dataplaneapi_built(sigpipe, binary), "a binary of another version is not the one wanted"
+
+
 def test_component_not_ready_in_time_is_named_with_its_log(tmp_path):
     log_path = tmp_path / "slow.log"
     log_path.write_text("still warming up\n")
