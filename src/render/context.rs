@@ -140,16 +140,33 @@ pub(crate) struct Resources {
 }
 
 impl Resources {
-    pub(crate) fn new(stores: &Stores) -> Self {
+    pub(crate) fn new(stores: &Stores, listed_before: &Listings) -> Self {
         let views = stores
             .iter()
             .map(|(alias, store)| {
-                let view =
-                    StoreView { alias: alias.as_str().into(), store: store.clone(), all: std::sync::OnceLock::new() };
+                let view = StoreView {
+                    alias: alias.as_str().into(),
+                    store: store.clone(),
+                    listed_before: listed_before.get(alias.as_str()).cloned(),
+                    listing: std::sync::OnceLock::new(),
+                    all: std::sync::OnceLock::new(),
+                };
                 (alias.clone(), Value::from_object(view))
             })
             .collect();
         Self { views }
+    }
+
+    /// The stores this render listed, to be mended by the next render instead of listed again.
+    pub(crate) fn listings(&self) -> Listings {
+        self.views
+            .values()
+            .filter_map(|view| view.downcast_object_ref::<StoreView>())
+            .filter_map(|view| {
+                let items = view.listing.get()?.clone();
+                Some((view.alias.clone(), Listing { generation: view.store.generation(), items }))
+            })
+            .collect()
     }
 
     fn store(&self, alias: &str) -> Option<&StoreView> {
@@ -172,8 +189,107 @@ impl Object for Resources {
 pub(crate) struct StoreView {
     alias: Arc<str>,
     store: Arc<ResourceStore>,
-    /// Every object, in order, built on first use in this render.
+    /// The store as the last kept render listed it, if it did.
+    listed_before: Option<Listing>,
+    /// Every object as a template value, in order, made on first use in this render.
+    listing: std::sync::OnceLock<imbl::Vector<Value>>,
+    /// The listing as templates see it.
     all: std::sync::OnceLock<Value>,
+}
+
+/// A store's objects as template values, in the store's order, at one of its generations.
+#[derive(Clone, Debug)]
+pub(crate) struct Listing {
+    generation: u64,
+    /// Persistent: the next render mends a copy where objects changed, sharing the rest.
+    items: imbl::Vector<Value>,
+}
+
+/// Listings by alias.
+pub(crate) type Listings = std::collections::HashMap<Arc<str>, Listing, foldhash::fast::RandomState>;
+
+/// At most this many changes (and at most one object in eight changed) are mended into the
+/// last render's listing; more, and the store is listed anew.
+const LISTING_MENDED_AT_MOST: usize = 256;
+
+/// The listing of `store`: `before` (the last kept render's) with the objects changed since
+/// mended in, or listed anew when the store's history does not reach back to it or too much
+/// changed. Listing 10,000 Ingresses anew at every render was a tenth of a render after one
+/// change: each object found in the store's tree and its template value read from the object.
+fn listing(store: &ResourceStore, before: Option<&Listing>) -> imbl::Vector<Value> {
+    let afresh = || store.iter().map(|object| template_value(object)).collect();
+    let Some(before) = before else { return afresh() };
+    let Some(mut changed) = store.objects_changed_since(before.generation) else { return afresh() };
+    if changed.len() > LISTING_MENDED_AT_MOST || changed.len() > before.items.len() / 8 + 1 {
+        return afresh();
+    }
+    changed.sort_unstable();
+    changed.dedup();
+    let mut items = before.items.clone();
+    for key in changed {
+        let place = items.binary_search_by(|item| listed_key(item).cmp(&Some(key)));
+        match (place, store.by_key(key)) {
+            (Ok(at), Some(object)) => {
+                items.set(at, template_value(object));
+            }
+            (Ok(at), None) => {
+                items.remove(at);
+            }
+            (Err(at), Some(object)) => items.insert(at, template_value(object)),
+            (Err(_), None) => {}
+        }
+    }
+    items
+}
+
+/// The key of a listed object (every listed item is one).
+fn listed_key(item: &Value) -> Option<&crate::store::ObjectKey> {
+    item.downcast_object_ref::<TrackedObject>().map(|object| &object.reference.key)
+}
+
+/// A listing as templates see it: a sequence.
+#[derive(Debug)]
+struct ListingView(imbl::Vector<Value>);
+
+impl Object for ListingView {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.0.get(key.as_usize()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Iter(Box::new(ListingIter { items: self.0.clone(), at: 0 }))
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+/// A listing's items in order, read in place. The vector's own consuming iterator takes
+/// items off its front, and the listing is shared with the store view and the next render:
+/// each chunk would be copied before it was taken apart.
+struct ListingIter {
+    items: imbl::Vector<Value>,
+    at: usize,
+}
+
+impl Iterator for ListingIter {
+    type Item = Value;
+
+    fn next(&mut self) -> Option<Value> {
+        let item = self.items.get(self.at)?.clone();
+        self.at += 1;
+        Some(item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.items.len().saturating_sub(self.at);
+        (left, Some(left))
+    }
 }
 
 impl StoreView {
@@ -209,9 +325,11 @@ impl StoreView {
 
     fn all(&self) -> Value {
         self.record_whole();
-        self.all
-            .get_or_init(|| Value::from(self.store.iter().map(|object| template_value(object)).collect::<Vec<_>>()))
-            .clone()
+        self.all.get_or_init(|| Value::from_object(ListingView(self.listing().clone()))).clone()
+    }
+
+    fn listing(&self) -> &imbl::Vector<Value> {
+        self.listing.get_or_init(|| listing(&self.store, self.listed_before.as_ref()))
     }
 
     fn index_key(&self, method: &str, args: &[Value]) -> Result<Vec<String>, Error> {
@@ -248,10 +366,8 @@ impl Object for StoreView {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        match self.all().try_iter() {
-            Ok(items) => Enumerator::Values(items.collect()),
-            Err(_) => Enumerator::Empty,
-        }
+        self.record_whole();
+        Enumerator::Iter(Box::new(ListingIter { items: self.listing().clone(), at: 0 }))
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
@@ -526,6 +642,8 @@ pub(crate) struct Carried {
     sorted_views: Arc<SortedViews>,
     /// How many shared names the render made, to size the next one's maps.
     name_counts: NameCounts,
+    /// The stores the render listed, as it listed them.
+    pub(crate) listings: Arc<Listings>,
 }
 
 /// How many collectors and claimed names a render made.
@@ -594,8 +712,8 @@ impl Shared {
         self.blocks.counts()
     }
 
-    /// What this render hands the next, taken (the render is over).
-    pub(crate) fn take_carried(&self) -> Carried {
+    /// What this render hands the next, taken (the render is over), with the stores it listed.
+    pub(crate) fn take_carried(&self, listings: Listings) -> Carried {
         let (slots, moved) = self.take_slots();
         Carried {
             slots,
@@ -608,6 +726,7 @@ impl Shared {
                 collectors: self.collectors.lock().map(|collectors| collectors.len()).unwrap_or_default(),
                 claimed_names: self.claimed_names.lock().map(|claims| claims.len()).unwrap_or_default(),
             },
+            listings: Arc::new(listings),
         }
     }
 
@@ -1068,6 +1187,60 @@ mod tests {
     use std::sync::Arc;
 
     use super::AtHand;
+
+    /// A store's listing mended from the last one, after any changes (added, edited, left as
+    /// they were, removed, a whole namespace re-listed), is the listing made anew: the same
+    /// objects in the same order, as the same template values.
+    mod listings {
+        use proptest::prelude::*;
+        use serde_json::json;
+
+        use super::super::{Listing, listed_key, listing};
+        use crate::store::{ObjectKey, ResourceStore};
+
+        /// A change: (kind, namespace, name, content).
+        fn apply(store: &mut ResourceStore, (kind, namespace, name, content): (u8, u8, u8, u8)) {
+            let object = |name: u8| json!({"metadata": {"namespace": format!("ns{namespace}"), "name": format!("o{name:02}")}, "spec": {"v": content}});
+            match kind {
+                0..=5 => {
+                    store.apply(object(name)).unwrap();
+                }
+                6..=7 => {
+                    store.delete(&ObjectKey {
+                        namespace: format!("ns{namespace}").into(),
+                        name: format!("o{name:02}").into(),
+                    });
+                }
+                _ => {
+                    let relisted: Vec<_> = (0..name % 4).map(|at| object(at * 7)).collect();
+                    store.replace_scope(Some(&format!("ns{namespace}")), relisted).unwrap();
+                }
+            }
+        }
+
+        fn described(items: &imbl::Vector<minijinja::Value>) -> Vec<(ObjectKey, String)> {
+            items.iter().map(|item| (listed_key(item).unwrap().clone(), format!("{item:?}"))).collect()
+        }
+
+        proptest! {
+            #[test]
+            fn a_mended_listing_is_the_listing_made_anew(
+                renders in proptest::collection::vec(proptest::collection::vec((0u8..9, 0u8..3, 0u8..40, 0u8..3), 0..30), 1..8),
+            ) {
+                let mut store = ResourceStore::new("Thing", vec![]);
+                let mut before: Option<Listing> = None;
+                for changes in renders {
+                    for change in changes {
+                        apply(&mut store, change);
+                    }
+                    let mended = listing(&store, before.as_ref());
+                    let afresh = listing(&store, None);
+                    prop_assert_eq!(described(&mended), described(&afresh));
+                    before = Some(Listing { generation: store.generation(), items: mended });
+                }
+            }
+        }
+    }
 
     /// A name is recognised at hand by its text as well as by its address, and what is at hand
     /// is not looked for again; the oldest goes when a fifth comes.

@@ -686,6 +686,20 @@ pub(crate) fn weigh(groups: &Value) -> Result<Value, Error> {
 fn service_port_name(service: &Value, wanted: &Value) -> Option<Option<Value>> {
     let number = attr(wanted, "number");
     let name = attr(wanted, "name");
+    // A stored Service is read in place, as stored slices are: at 10,000 Ingresses, making
+    // template values of its spec and ports was a sixth of what `service_endpoints` cost.
+    if let Some(members) = super::context::stored_members(service) {
+        let ports = compact::member(members, "spec")?.get("ports")?;
+        let port = ports.items().iter().find(|port| {
+            let field = |key: &str| port.get(key).map(Node::to_value);
+            match (&number, &name) {
+                (Some(number), _) => field("port").as_ref() == Some(number),
+                (None, Some(name)) => field("name").as_ref() == Some(name),
+                (None, None) => false,
+            }
+        })?;
+        return Some(port.get("name").map(Node::to_value));
+    }
     let ports = attr(&attr(service, "spec")?, "ports")?;
     let port = ports.try_iter().ok()?.find(|port| match (&number, &name) {
         (Some(number), _) => attr(port, "port").as_ref() == Some(number),
@@ -906,6 +920,41 @@ mod tests {
         assert!(ports(json!({"number": 443})).is_empty(), "a port the Service lacks has no endpoints");
         let none = service_endpoints(&Value::from(()), &Value::from(Serde(json!({"number": 80}))), &slices).unwrap();
         assert_eq!(none.len(), Some(0), "a missing Service has no endpoints");
+    }
+
+    /// A stored Service, read in place, resolves a backend's port as its template value does.
+    #[test]
+    fn stored_services_resolve_ports_as_template_values_do() {
+        let services = [
+            json!({"metadata": {"name": "a", "namespace": "web"}, "spec": {"ports": [
+                {"name": "http", "port": 80}, {"port": 81}, {"name": "admin", "port": 82}, {"name": null, "port": 83}]}}),
+            json!({"metadata": {"name": "b", "namespace": "web"}, "spec": {"ports": null}}),
+            json!({"metadata": {"name": "c", "namespace": "web"}, "spec": {}}),
+            json!({"metadata": {"name": "d", "namespace": "web"}}),
+        ];
+        let store = crate::store::ResourceStore::new("Service", vec![]);
+        let wanted = [
+            json!({"number": 80}),
+            json!({"number": 81}),
+            json!({"number": 83}),
+            json!({"number": 443}),
+            json!({"name": "admin"}),
+            json!({"name": "http", "number": 82}),
+            json!({"name": "missing"}),
+            json!({}),
+        ];
+        for service in &services {
+            let stored = super::super::context::tracked_value(&store.prepare(service.clone()).unwrap());
+            let as_json = Value::from(Serde(service));
+            for wanted in &wanted {
+                let wanted = Value::from(Serde(wanted));
+                assert_eq!(
+                    service_port_name(&stored, &wanted),
+                    service_port_name(&as_json, &wanted),
+                    "{service} {wanted}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -423,11 +423,11 @@ impl Renderer {
     fn render_keeping(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
         context::reset_tracking();
         memo::reset_recordings();
-        let resources = Value::from_object(context::Resources::new(stores));
         // A render starts from what the last kept render handed on and hands on only if the
         // whole render succeeds, so a render that fails (or an attempt that leaves an object out)
         // moves no server.
         let carried = self.carried.lock().map(|carried| carried.clone()).unwrap_or_default();
+        let resources = Value::from_object(context::Resources::new(stores, &carried.listings));
         let shared = Value::from_object(context::Shared::starting_from(carried));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
@@ -440,7 +440,7 @@ impl Renderer {
                 Some(model) => Value::from(Serde(model)),
                 None => Value::from(Serde(crate::gateway::Model::default())),
             },
-            resources => resources,
+            resources => resources.clone(),
             pods => Value::from(Serde(pods)),
             extraContext => self.extra_context.clone(),
             shared => shared.clone(),
@@ -503,7 +503,8 @@ impl Renderer {
             return Ok(FileSet { haproxy_cfg, maps, files, certs });
         }
         if let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
-            *kept = state.take_carried();
+            let listings = resources.downcast_object_ref::<context::Resources>().map(context::Resources::listings);
+            *kept = state.take_carried(listings.unwrap_or_default());
             if let Ok(mut counts) = self.last_block_counts.lock() {
                 *counts = state.block_counts();
             }

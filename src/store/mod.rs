@@ -133,6 +133,8 @@ type Index = imbl::GenericHashMap<
 #[derive(Debug, Clone)]
 struct StoreChange {
     before: u64,
+    /// The object added, replaced or removed.
+    object: ObjectKey,
     key: Option<Arc<[String]>>,
     /// The key's digest: most keys checked against a change differ in it.
     digest: KeyDigest,
@@ -361,20 +363,38 @@ impl ResourceStore {
         None
     }
 
-    /// A change: a new generation, remembered with the index key it touched.
-    fn changed(&mut self, key: Option<Arc<[String]>>) {
+    /// The objects added, replaced or removed since `generation` (one this store's content
+    /// had), oldest change first, an object once for each change of it: `None` when the store does not
+    /// remember back that far (or never had that generation).
+    pub fn objects_changed_since(&self, generation: u64) -> Option<Vec<&ObjectKey>> {
+        if generation == self.generation {
+            return Some(Vec::new());
+        }
+        let mut changed = Vec::new();
+        for change in self.recent.iter().rev() {
+            changed.push(&change.object);
+            if change.before == generation {
+                changed.reverse();
+                return Some(changed);
+            }
+        }
+        None
+    }
+
+    /// A change of `object`: a new generation, remembered with the index key it touched.
+    fn changed(&mut self, object: &ObjectKey, key: Option<Arc<[String]>>) {
         let before = self.generation;
         self.generation = next_generation();
         if self.recent.len() == RECENT_CHANGES {
             self.recent.pop_front();
         }
         let digest = KeyDigest::of(key.as_deref().unwrap_or_default());
-        self.recent.push_back(StoreChange { before, key, digest });
+        self.recent.push_back(StoreChange { before, object: object.clone(), key, digest });
     }
 
     fn insert(&mut self, key: ObjectKey, stored: Arc<StoredObject>) {
         self.remove(&key);
-        self.changed(stored.index_key.clone());
+        self.changed(&key, stored.index_key.clone());
         if let Some(index_key) = &stored.index_key {
             let group = self.index.entry(index_key.clone()).or_default();
             // `remove` above took out any object of this key: the place is free.
@@ -427,7 +447,7 @@ impl ResourceStore {
 
     fn remove(&mut self, key: &ObjectKey) -> Option<Arc<StoredObject>> {
         let removed = self.objects.remove(key)?;
-        self.changed(removed.index_key.clone());
+        self.changed(key, removed.index_key.clone());
         if let Some(index_key) = &removed.index_key
             && let Some(group) = self.index.get_mut(index_key)
         {
