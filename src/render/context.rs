@@ -863,15 +863,30 @@ impl Shared {
         let mut chosen = Vec::new();
         let mut last: Option<Value> = None;
         let mut name = String::from(claim_prefix);
+        // Routes by backend (the library's backends) are read, and their names fingerprinted,
+        // in the route itself: once per route, not once per render.
+        let routes_by_backend = attribute == "backend";
+        let prefix_fingerprint = super::memo::name_fingerprint(claim_prefix);
+        // One lock for the call's thousands of claims (nothing below claims by another way).
+        let mut claims = self.claimed_names.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
         for item in sorted.try_iter()? {
-            let value = item.get_attr(attribute).unwrap_or_default();
+            let route = super::library::as_route(&item).filter(|_| routes_by_backend);
+            let value = match route {
+                Some(route) => route.backend().clone(),
+                None => item.get_attr(attribute).unwrap_or_default(),
+            };
             if last.as_ref() == Some(&value) {
                 continue;
             }
-            name.truncate(claim_prefix.len());
-            name.push_str(value.as_str().unwrap_or_default());
-            let claimed = super::memo::name_fingerprint(&name);
-            let won = self.claim_name(claimed);
+            let claimed = match route {
+                Some(route) => route.backend_claim(claim_prefix, prefix_fingerprint),
+                None => {
+                    name.truncate(claim_prefix.len());
+                    name.push_str(value.as_str().unwrap_or_default());
+                    super::memo::name_fingerprint(&name)
+                }
+            };
+            let won = claims.insert(claimed);
             super::memo::record_effect(|| super::memo::Effect::Claim { name: claimed, won });
             if won {
                 chosen.push(item);

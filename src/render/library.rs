@@ -150,6 +150,43 @@ pub(crate) struct Route {
     /// Its Ingress's fingerprint with the rule and path indexes: everything above follows from
     /// them (none when the Ingress has no fingerprint).
     fingerprint: Option<super::memo::Fingerprint>,
+    /// The fingerprint of the name `distinct` last claimed for its backend, with that of the
+    /// claim's prefix: a route of an unchanged Ingress is the same object render after render
+    /// (replayed by its Ingress's block), and `distinct` claims a name for each of 10,000.
+    backend_claim: std::sync::OnceLock<(super::memo::Fingerprint, super::memo::Fingerprint)>,
+}
+
+impl Route {
+    /// The backend the route goes to.
+    pub(crate) fn backend(&self) -> &Value {
+        &self.backend
+    }
+
+    /// The fingerprint of the name `prefix ~ backend` (`prefix_fingerprint` being the
+    /// prefix's own), as `memo::name_fingerprint` makes it; kept for the next render's asking.
+    pub(crate) fn backend_claim(
+        &self,
+        prefix: &str,
+        prefix_fingerprint: super::memo::Fingerprint,
+    ) -> super::memo::Fingerprint {
+        if let Some((for_prefix, claim)) = self.backend_claim.get()
+            && *for_prefix == prefix_fingerprint
+        {
+            return *claim;
+        }
+        let mut name = String::with_capacity(prefix.len() + self.backend.as_str().map_or(0, str::len));
+        name.push_str(prefix);
+        name.push_str(self.backend.as_str().unwrap_or_default());
+        let claim = super::memo::name_fingerprint(&name);
+        // A route asked under another prefix keeps its first answer: right, just not kept.
+        let _ = self.backend_claim.set((prefix_fingerprint, claim));
+        claim
+    }
+}
+
+/// The route the value is, if it is one.
+pub(crate) fn as_route(value: &Value) -> Option<&Route> {
+    value.downcast_object_ref::<Route>()
 }
 
 impl super::memo::Fingerprinted for Route {
@@ -288,6 +325,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                         (rule_index, path_index).hash(digest);
                     })
                 }),
+                backend_claim: std::sync::OnceLock::new(),
             }));
         }
     }
@@ -920,6 +958,26 @@ mod tests {
         assert!(ports(json!({"number": 443})).is_empty(), "a port the Service lacks has no endpoints");
         let none = service_endpoints(&Value::from(()), &Value::from(Serde(json!({"number": 80}))), &slices).unwrap();
         assert_eq!(none.len(), Some(0), "a missing Service has no endpoints");
+    }
+
+    /// The claim a route keeps for its backend is the name's own fingerprint, whichever
+    /// prefix asks, first or again.
+    #[test]
+    fn a_routes_kept_backend_claim_is_its_names_fingerprint() {
+        let ingress = Value::from(Serde(json!({
+            "metadata": {"namespace": "web", "name": "shop"},
+            "spec": {"rules": [{"host": "shop.example.com", "http": {"paths": [
+                {"path": "/", "backend": {"service": {"name": "shop", "port": {"number": 80}}}}]}}]}
+        })));
+        let routes = ingress_routes(&ingress).unwrap();
+        let route = routes.get_item(&Value::from(0)).unwrap();
+        let route = as_route(&route).unwrap();
+        assert_eq!(route.backend().as_str(), Some("web_shop_80"));
+        let named = |prefix: &str| super::super::memo::name_fingerprint(&format!("{prefix}web_shop_80"));
+        for prefix in ["backend/", "backend/", "other/", "backend/", "other/"] {
+            let asked = route.backend_claim(prefix, super::super::memo::name_fingerprint(prefix));
+            assert_eq!(asked, named(prefix), "prefix {prefix}");
+        }
     }
 
     /// A stored Service, read in place, resolves a backend's port as its template value does.
