@@ -350,35 +350,35 @@ impl ResourceStore {
     /// under the index key `key`: `None` when the store does not remember back that far (or
     /// never had that generation: a clone that went its own way).
     pub fn untouched_since(&self, generation: u64, key: &[String], digest: KeyDigest) -> Option<bool> {
-        if generation == self.generation {
-            return Some(true);
-        }
         let mut touched = false;
-        for change in self.recent.iter().rev() {
+        self.each_change_since(generation, |change| {
             touched |= change.digest == digest && change.key.as_deref() == Some(key);
-            if change.before == generation {
-                return Some(!touched);
-            }
-        }
-        None
+        })
+        .then_some(!touched)
     }
 
     /// The objects added, replaced or removed since `generation` (one this store's content
-    /// had), oldest change first, an object once for each change of it: `None` when the store does not
-    /// remember back that far (or never had that generation).
+    /// had), newest change first, an object once for each change of it: `None` when the store
+    /// does not remember back that far (or never had that generation).
     pub fn objects_changed_since(&self, generation: u64) -> Option<Vec<&ObjectKey>> {
-        if generation == self.generation {
-            return Some(Vec::new());
-        }
         let mut changed = Vec::new();
+        self.each_change_since(generation, |change| changed.push(&change.object)).then_some(changed)
+    }
+
+    /// Shows `visit` each change since `generation`, newest first, in one walk back along the
+    /// chain of generations: false when the chain does not reach `generation` (what was
+    /// visited then says nothing).
+    fn each_change_since<'a>(&'a self, generation: u64, mut visit: impl FnMut(&'a StoreChange)) -> bool {
+        if generation == self.generation {
+            return true;
+        }
         for change in self.recent.iter().rev() {
-            changed.push(&change.object);
+            visit(change);
             if change.before == generation {
-                changed.reverse();
-                return Some(changed);
+                return true;
             }
         }
-        None
+        false
     }
 
     /// A change of `object`: a new generation, remembered with the index key it touched.
