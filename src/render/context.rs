@@ -251,6 +251,11 @@ fn listed_key(item: &Value) -> Option<&crate::store::ObjectKey> {
 #[derive(Debug)]
 struct ListingView(imbl::Vector<Value>);
 
+/// The items of a listing, read in place (`None`: the value is not one).
+pub(crate) fn listed_items(value: &Value) -> Option<&imbl::Vector<Value>> {
+    value.downcast_object_ref::<ListingView>().map(|view| &view.0)
+}
+
 impl Object for ListingView {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
         ObjectRepr::Seq
@@ -503,17 +508,55 @@ fn template_value(object: &StoredObject) -> Value {
 /// A shared collector's items ordered by an attribute: (collector, attribute, reverse).
 type SortedKey = (Arc<str>, String, bool);
 
-/// The items a sorted view was made from, the view, and the order that made it (the view's
-/// items as places in `items`).
+/// A sorted view and the order that made it: the places, among the items it was made from, of
+/// its items in turn. The items themselves are the view's, read through the order's inverse: a
+/// copy of them beside the view, 10,000 routes counted up and later down again, was most of
+/// what mending a view cost.
 #[derive(Debug)]
 pub(crate) struct SortedView {
-    items: Vec<Value>,
     order: Vec<u32>,
+    /// For each place among the items, where that item is in the view.
+    in_view: Vec<u32>,
     sorted: Value,
 }
 
+impl SortedView {
+    /// The view `sorted`, made in `order`.
+    fn new(order: Vec<u32>, sorted: Value) -> Self {
+        let mut in_view = vec![0; order.len()];
+        for (at, place) in order.iter().enumerate() {
+            if let Some(slot) = in_view.get_mut(*place as usize) {
+                *slot = u32::try_from(at).unwrap_or(u32::MAX);
+            }
+        }
+        Self { order, in_view, sorted }
+    }
+
+    /// The view's items, in its order.
+    fn sorted_items(&self) -> &[Value] {
+        self.sorted.downcast_object_ref::<Vec<Value>>().map_or(&[], Vec::as_slice)
+    }
+
+    /// How many items the view was made from.
+    fn len(&self) -> usize {
+        self.in_view.len()
+    }
+
+    /// Whether the view was made from exactly these items.
+    fn made_from(&self, items: &[Value]) -> bool {
+        let sorted = self.sorted_items();
+        self.len() == items.len()
+            && sorted.len() == items.len()
+            && self
+                .in_view
+                .iter()
+                .zip(items)
+                .all(|(at, now)| sorted.get(*at as usize).is_some_and(|was| same_item(was, now)))
+    }
+}
+
 /// Sorted views of shared collectors by what they sort.
-pub(crate) type SortedViews = std::collections::HashMap<SortedKey, SortedView, foldhash::quality::RandomState>;
+pub(crate) type SortedViews = std::collections::HashMap<SortedKey, Arc<SortedView>, foldhash::quality::RandomState>;
 
 /// The last kept render's sorted views, and this render's. A view whose collector holds the
 /// same items as last time (the same objects: a reused block pushes the very values it pushed
@@ -525,22 +568,11 @@ pub(crate) struct SortedCarry {
     now: std::sync::Mutex<SortedViews>,
 }
 
-/// Whether two lists hold the same items. Routes and stored objects compare by address first:
+/// Whether two items are the same. Routes and stored objects compare by address first:
 /// minijinja's own equality of two objects tries them as numbers first (an error formatted
 /// for each), which cost more than the sort it spares.
-fn same_items(before: &[Value], now: &[Value]) -> bool {
-    before.len() == now.len() && before.iter().zip(now).all(|(before, now)| same_item(before, now))
-}
-
-/// Whether two items are the same (see `same_items`).
 fn same_item(before: &Value, now: &Value) -> bool {
-    fn address(value: &Value) -> Option<*const ()> {
-        if let Some(route) = value.downcast_object_ref::<super::library::Route>() {
-            return Some(std::ptr::from_ref(route).cast());
-        }
-        value.downcast_object_ref::<TrackedObject>().map(|object| std::ptr::from_ref(object).cast())
-    }
-    match (address(before), address(now)) {
+    match (object_address(before), object_address(now)) {
         (Some(before), Some(now)) if before == now => true,
         _ => before == now,
     }
@@ -559,13 +591,17 @@ const MEND_LOOKAHEAD: usize = 8;
 /// binary search. `None` when too many differ. Sorting 10,000 routes again for one changed
 /// Ingress was a fifth of a render after one change.
 fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value, reverse: bool) -> Option<Vec<u32>> {
-    let before = &view.items;
+    let sorted = view.sorted_items();
+    let before = |place: usize| view.in_view.get(place).and_then(|at| sorted.get(*at as usize));
+    let before_len = view.len();
     // Where each item of the view's is now, walking both lists side by side.
-    let mut moved_to: Vec<Option<u32>> = vec![None; before.len()];
+    let mut moved_to: Vec<Option<u32>> = vec![None; before_len];
     let mut new_items = Vec::new();
     let (mut old, mut now) = (0, 0);
-    while old < before.len() || now < items.len() {
-        if old < before.len() && now < items.len() && same_item(&before[old], &items[now]) {
+    while old < before_len || now < items.len() {
+        if let (Some(was), Some(is)) = (before(old), items.get(now))
+            && same_item(was, is)
+        {
             moved_to[old] = Some(u32::try_from(now).ok()?);
             old += 1;
             now += 1;
@@ -573,11 +609,11 @@ fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value
         }
         // The view's item further on in `items` (items added before it), or this item further
         // on in the view (the view's items before it removed).
-        let added = before.get(old).and_then(|wanted| {
+        let added = before(old).and_then(|wanted| {
             (1..=MEND_LOOKAHEAD).find(|ahead| items.get(now + ahead).is_some_and(|item| same_item(wanted, item)))
         });
         let removed = items.get(now).and_then(|wanted| {
-            (1..=MEND_LOOKAHEAD).find(|ahead| before.get(old + ahead).is_some_and(|item| same_item(item, wanted)))
+            (1..=MEND_LOOKAHEAD).find(|ahead| before(old + ahead).is_some_and(|item| same_item(item, wanted)))
         });
         match (added, removed) {
             (Some(count), _) => {
@@ -644,6 +680,9 @@ pub(crate) struct Carried {
     name_counts: NameCounts,
     /// The stores the render listed, as it listed them.
     pub(crate) listings: Arc<Listings>,
+    /// The items of the render's shared collectors, which the next render's collectors write
+    /// over (see `CollectorItems`); taken by the render that uses them.
+    collector_items: Arc<std::sync::Mutex<Names<Vec<Value>>>>,
 }
 
 /// How many collectors and claimed names a render made.
@@ -686,6 +725,9 @@ pub(crate) struct Shared {
     slots_assigned: std::sync::Mutex<crate::plan::slots::Slots>,
     /// The blocks of `render_each` this render may reuse, and those it uses.
     blocks: super::memo::RenderBlocks,
+    /// The last render's shared collectors' items, each taken by this render's collector of
+    /// the same name when it is made.
+    collector_items_before: Arc<std::sync::Mutex<Names<Vec<Value>>>>,
 }
 
 impl Shared {
@@ -703,6 +745,7 @@ impl Shared {
             slots_moved_before: carried.slots_moved,
             sorted_views: Arc::new(SortedCarry { before: carried.sorted_views, now: Default::default() }),
             blocks: super::memo::RenderBlocks::reusing(carried.blocks),
+            collector_items_before: carried.collector_items,
             ..Self::default()
         }
     }
@@ -727,7 +770,21 @@ impl Shared {
                 claimed_names: self.claimed_names.lock().map(|claims| claims.len()).unwrap_or_default(),
             },
             listings: Arc::new(listings),
+            collector_items: Arc::new(std::sync::Mutex::new(self.take_collector_items())),
         }
+    }
+
+    /// The shared collectors' items, taken (the render is over), for the next render's.
+    fn take_collector_items(&self) -> Names<Vec<Value>> {
+        let Ok(collectors) = self.collectors.lock() else { return Names::default() };
+        collectors
+            .iter()
+            .filter_map(|(name, collector)| {
+                let mut items = collector.items.lock().ok()?;
+                let values = std::mem::take(items.settled());
+                (!values.is_empty()).then(|| (name.clone(), values))
+            })
+            .collect()
     }
 
     /// Assigns a backend's endpoints to its slots (once per render: a backend rendered twice,
@@ -839,7 +896,9 @@ impl Shared {
             return Ok(collector.clone());
         }
         let name = owned();
+        let before = self.collector_items_before.lock().ok().and_then(|mut before| before.remove(&name));
         let collector = Arc::new(Collector {
+            items: std::sync::Mutex::new(CollectorItems::writing_over(before.unwrap_or_default())),
             claim: Some((super::memo::name_fingerprint(&name), self.claimed_names.clone())),
             name: Some(name.clone()),
             sorted_views: Some(self.sorted_views.clone()),
@@ -869,8 +928,17 @@ impl Shared {
         let prefix_fingerprint = super::memo::name_fingerprint(claim_prefix);
         // One lock for the call's thousands of claims (nothing below claims by another way).
         let mut claims = self.claimed_names.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
-        for item in sorted.try_iter()? {
-            let route = super::library::as_route(&item).filter(|_| routes_by_backend);
+        // Read in place (see `memo::render_each`): only the items chosen are counted up.
+        let owned: Vec<Value>;
+        let items = match sorted.downcast_object_ref::<Vec<Value>>() {
+            Some(items) => items,
+            None => {
+                owned = sorted.try_iter()?.collect();
+                &owned
+            }
+        };
+        for item in items {
+            let route = super::library::as_route(item).filter(|_| routes_by_backend);
             let value = match route {
                 Some(route) => route.backend().clone(),
                 None => item.get_attr(attribute).unwrap_or_default(),
@@ -889,7 +957,7 @@ impl Shared {
             let won = claims.insert(claimed);
             super::memo::record_effect(|| super::memo::Effect::Claim { name: claimed, won });
             if won {
-                chosen.push(item);
+                chosen.push(item.clone());
             }
             last = Some(value);
         }
@@ -1002,7 +1070,7 @@ impl super::memo::RenderState for RenderNow<'_> {
                 if let Some(collector) = self.collector(collector)
                     && let Ok(mut items) = collector.items.lock()
                 {
-                    items.push(value.clone());
+                    items.push_ref(value);
                 }
             }
             Effect::Claim { name, .. } => {
@@ -1057,7 +1125,7 @@ pub(crate) struct Collector {
     /// The name of a shared collector (`shared.collector(name)`), whose pushes and claims a
     /// block records; none for a template's own.
     name: Option<Arc<str>>,
-    items: std::sync::Mutex<Vec<Value>>,
+    items: std::sync::Mutex<CollectorItems>,
     /// A template's own collector's claim.
     claimed: std::sync::atomic::AtomicBool,
     /// A shared collector's name's fingerprint and the render's claimed names, where its
@@ -1069,10 +1137,70 @@ pub(crate) struct Collector {
     sorted_views: Option<Arc<SortedCarry>>,
 }
 
+/// A collector's items: the last render's, written over in place by this render's pushes. A
+/// push of the very object already at its place (a reused block's route, pushed again render
+/// after render) leaves it there; anything else replaces it. Pushing a copy of each of 20,000
+/// routes, then dropping them all at the end of the render, counted every route up and down
+/// on objects far apart in memory: a tenth of a render that reused every block.
+#[derive(Debug, Default)]
+struct CollectorItems {
+    values: Vec<Value>,
+    /// How many of `values` this render pushed; those past it are the last render's, left.
+    pushed: usize,
+}
+
+impl CollectorItems {
+    /// Items to write over `before`.
+    fn writing_over(before: Vec<Value>) -> Self {
+        Self { values: before, pushed: 0 }
+    }
+
+    /// Pushes a value held elsewhere, copying it only when it is not already in its place.
+    fn push_ref(&mut self, value: &Value) {
+        match self.values.get_mut(self.pushed) {
+            Some(at) if same_object(at, value) => {}
+            Some(at) => *at = value.clone(),
+            None => self.values.push(value.clone()),
+        }
+        self.pushed += 1;
+    }
+
+    /// Pushes a value.
+    fn push(&mut self, value: Value) {
+        match self.values.get_mut(self.pushed) {
+            Some(at) if same_object(at, &value) => {}
+            Some(at) => *at = value,
+            None => self.values.push(value),
+        }
+        self.pushed += 1;
+    }
+
+    /// The items pushed so far (the last render's left past them are let go).
+    fn settled(&mut self) -> &mut Vec<Value> {
+        self.values.truncate(self.pushed);
+        &mut self.values
+    }
+}
+
+/// Whether two values are one object (a route or a stored object, by address): only then is
+/// the one kept as good as the other. Anything else is replaced, whatever it compares equal to
+/// (a string marked safe equals the same text unmarked).
+fn same_object(kept: &Value, pushed: &Value) -> bool {
+    object_address(kept).is_some_and(|kept| object_address(pushed) == Some(kept))
+}
+
+/// The address of a route or a stored object.
+fn object_address(value: &Value) -> Option<*const ()> {
+    if let Some(route) = value.downcast_object_ref::<super::library::Route>() {
+        return Some(std::ptr::from_ref(route).cast());
+    }
+    value.downcast_object_ref::<TrackedObject>().map(|object| std::ptr::from_ref(object).cast())
+}
+
 impl Collector {
     fn items(&self) -> Vec<Value> {
         self.read_by_block();
-        self.items.lock().map(|items| items.clone()).unwrap_or_default()
+        self.items.lock().map(|mut items| items.settled().clone()).unwrap_or_default()
     }
 
     /// A block that reads a shared collector's items depends on every push before it, which a
@@ -1113,7 +1241,6 @@ impl Collector {
         if let Some(done) = cache.get(&(attribute.clone(), reverse)) {
             return Ok(done.clone());
         }
-        let items = self.items.lock().map(|items| items.clone()).unwrap_or_default();
         // A shared collector's view may be the one the last render made from the same items.
         let carry = self
             .name
@@ -1121,21 +1248,27 @@ impl Collector {
             .zip(self.sorted_views.as_ref())
             .map(|(name, views)| (views, (name.clone(), attribute.clone(), reverse)));
         let before = carry.as_ref().and_then(|(views, key)| views.before.get(key));
-        let key_of = |place: usize| items[place].get_attr(&attribute).unwrap_or_default();
-        let (order, sorted) = match before {
-            Some(view) if same_items(&view.items, &items) => (view.order.clone(), view.sorted.clone()),
-            _ => {
+        // The same items as the view's: the view itself is carried on, its items not copied
+        // (a copy of 10,000 routes, and dropping it, counted each one up and down again).
+        let unchanged =
+            before.filter(|view| self.items.lock().is_ok_and(|mut items| view.made_from(items.settled()))).cloned();
+        let view = match unchanged {
+            Some(view) => view,
+            None => {
+                let items = self.items.lock().map(|mut items| items.settled().clone()).unwrap_or_default();
+                let key_of = |place: usize| items[place].get_attr(&attribute).unwrap_or_default();
                 let order = before
                     .and_then(|view| mended_order(view, &items, &key_of, reverse))
                     .unwrap_or_else(|| sort_order(&items, &key_of, reverse));
                 let sorted = Value::from(order.iter().map(|at| items[*at as usize].clone()).collect::<Vec<_>>());
-                (order, sorted)
+                Arc::new(SortedView::new(order, sorted))
             }
         };
+        let sorted = view.sorted.clone();
         if let Some((views, key)) = carry
             && let Ok(mut now) = views.now.lock()
         {
-            now.insert(key, SortedView { items, order, sorted: sorted.clone() });
+            now.insert(key, view);
         }
         cache.insert((attribute, reverse), sorted.clone());
         Ok(sorted)
@@ -1278,6 +1411,51 @@ mod tests {
         assert_eq!(at_hand.get(&"missing".into(), || None::<usize>), None);
     }
 
+    /// A collector written over the last render's items holds exactly what this render pushed,
+    /// in order, whatever it started from; an object already in its place is kept (not
+    /// copied), anything else is what was pushed, even text equal to what was there.
+    mod collector_items {
+        use minijinja::Value;
+        use proptest::prelude::*;
+
+        use super::super::{CollectorItems, object_address};
+        use crate::render::context::template_value;
+        use crate::store::ResourceStore;
+
+        /// Stored objects to push (compared by address) and text, plain or marked safe.
+        fn values() -> Vec<Value> {
+            let mut store = ResourceStore::new("Thing", vec![]);
+            for name in 0..4 {
+                store.apply(serde_json::json!({"metadata": {"namespace": "ns", "name": format!("o{name}")}})).unwrap();
+            }
+            let mut values: Vec<Value> = store.iter().map(|object| template_value(object)).collect();
+            values.push(Value::from("text"));
+            values.push(Value::from_safe_string("text".into()));
+            values
+        }
+
+        fn described(value: &Value) -> (Option<*const ()>, String, bool) {
+            (object_address(value), format!("{value:?}"), value.is_safe())
+        }
+
+        proptest! {
+            #[test]
+            fn a_collector_holds_what_this_render_pushed(
+                before in proptest::collection::vec(0usize..6, 0..12),
+                pushes in proptest::collection::vec((0usize..6, any::<bool>()), 0..12),
+            ) {
+                let values = values();
+                let mut items = CollectorItems::writing_over(before.iter().map(|at| values[*at].clone()).collect());
+                for (at, by_reference) in &pushes {
+                    if *by_reference { items.push_ref(&values[*at]) } else { items.push(values[*at].clone()) }
+                }
+                let held: Vec<_> = items.settled().iter().map(described).collect();
+                let pushed: Vec<_> = pushes.iter().map(|(at, _)| described(&values[*at])).collect();
+                prop_assert_eq!(held, pushed);
+            }
+        }
+    }
+
     /// A sorted view mended after items were changed, added or removed gives the order a full
     /// sort gives, ties in push order, either direction, integer or other keys.
     mod mended {
@@ -1304,7 +1482,7 @@ mod tests {
                 let key_of = |items: &[Value], place: usize| items[place].get_attr("key").unwrap_or_default();
                 let order = sort_order(&before, &|place| key_of(&before, place), reverse);
                 let sorted = Value::from(order.iter().map(|at| before[*at as usize].clone()).collect::<Vec<_>>());
-                let view = SortedView { items: before.clone(), order, sorted };
+                let view = SortedView::new(order, sorted);
                 let mut now = before.clone();
                 // Each edit: where, what (0: change the item there, 2: remove it, else: add one
                 // before it), and the key of an item changed or added.
