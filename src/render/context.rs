@@ -251,8 +251,13 @@ fn listed_key(item: &Value) -> Option<&crate::store::ObjectKey> {
 #[derive(Debug)]
 struct ListingView(imbl::Vector<Value>);
 
-/// The items of a listing, read in place (`None`: the value is not one).
+/// The items of a listing or of a store (`resources.<alias>`, its read of the whole store
+/// recorded as iterating it does), read in place (`None`: the value is neither).
 pub(crate) fn listed_items(value: &Value) -> Option<&imbl::Vector<Value>> {
+    if let Some(store) = value.downcast_object_ref::<StoreView>() {
+        store.record_whole();
+        return Some(store.listing());
+    }
     value.downcast_object_ref::<ListingView>().map(|view| &view.0)
 }
 
@@ -928,16 +933,14 @@ impl Shared {
         let prefix_fingerprint = super::memo::name_fingerprint(claim_prefix);
         // One lock for the call's thousands of claims (nothing below claims by another way).
         let mut claims = self.claimed_names.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
-        // Read in place (see `memo::render_each`): only the items chosen are counted up.
-        let owned: Vec<Value>;
-        let items = match sorted.downcast_object_ref::<Vec<Value>>() {
-            Some(items) => items,
-            None => {
-                owned = sorted.try_iter()?.collect();
-                &owned
-            }
+        // Read in place (see `memo::render_each`), and answered as places in the sorted list:
+        // the items chosen are not copied out of it either.
+        let sorted = match sorted.downcast_object_ref::<Vec<Value>>() {
+            Some(_) => sorted,
+            None => Value::from(sorted.try_iter()?.collect::<Vec<_>>()),
         };
-        for item in items {
+        let items = sorted.downcast_object_ref::<Vec<Value>>().map_or(&[][..], Vec::as_slice);
+        for (place, item) in items.iter().enumerate() {
             let route = super::library::as_route(item).filter(|_| routes_by_backend);
             let value = match route {
                 Some(route) => route.backend().clone(),
@@ -957,12 +960,51 @@ impl Shared {
             let won = claims.insert(claimed);
             super::memo::record_effect(|| super::memo::Effect::Claim { name: claimed, won });
             if won {
-                chosen.push(item.clone());
+                chosen.push(u32::try_from(place).map_err(|_| Error::from(ErrorKind::InvalidOperation))?);
             }
             last = Some(value);
         }
-        Ok(Value::from(chosen))
+        drop(claims);
+        Ok(Value::from_object(Picked { from: sorted, places: chosen }))
     }
+}
+
+/// `distinct`'s answer: the items it chose, as places in the sorted list they came from (a
+/// sequence to templates). Copied out, the 10,000 routes chosen were each counted up, and down
+/// again when the render was over.
+#[derive(Debug)]
+struct Picked {
+    /// A list (`Vec<Value>`).
+    from: Value,
+    places: Vec<u32>,
+}
+
+impl Picked {
+    fn source(&self) -> &[Value] {
+        self.from.downcast_object_ref::<Vec<Value>>().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl Object for Picked {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let place = *self.places.get(key.as_usize()?)?;
+        self.source().get(place as usize).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Seq(self.places.len())
+    }
+}
+
+/// The items `distinct` chose, read in place (`None`: the value is not its answer).
+pub(crate) fn picked_items(value: &Value) -> Option<impl Iterator<Item = &Value>> {
+    let picked = value.downcast_object_ref::<Picked>()?;
+    let from = picked.source();
+    Some(picked.places.iter().filter_map(move |place| from.get(*place as usize)))
 }
 
 /// The render as blocks being checked and replayed see it.
@@ -1255,11 +1297,13 @@ impl Collector {
         let view = match unchanged {
             Some(view) => view,
             None => {
-                let items = self.items.lock().map(|mut items| items.settled().clone()).unwrap_or_default();
+                // Read under the lock, not copied (reading a route's key takes no lock).
+                let mut items = self.items.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
+                let items = items.settled();
                 let key_of = |place: usize| items[place].get_attr(&attribute).unwrap_or_default();
                 let order = before
-                    .and_then(|view| mended_order(view, &items, &key_of, reverse))
-                    .unwrap_or_else(|| sort_order(&items, &key_of, reverse));
+                    .and_then(|view| mended_order(view, items, &key_of, reverse))
+                    .unwrap_or_else(|| sort_order(items, &key_of, reverse));
                 let sorted = Value::from(order.iter().map(|at| items[*at as usize].clone()).collect::<Vec<_>>());
                 Arc::new(SortedView::new(order, sorted))
             }
@@ -1409,6 +1453,20 @@ mod tests {
         }
         assert_eq!(at_hand.get(&routes, || find(3)), Some(3), "the oldest was let go");
         assert_eq!(at_hand.get(&"missing".into(), || None::<usize>), None);
+    }
+
+    /// `distinct`'s answer (places in the sorted list, not copies) is a list to templates: its
+    /// length, its items by index and in a loop, the first of each value in sorted order.
+    #[test]
+    fn distincts_answer_is_a_list_of_the_first_of_each_value() {
+        let mut env = minijinja::Environment::new();
+        env.add_global("shared", minijinja::Value::from_object(super::Shared::default()));
+        let template = r#"{% set c = shared.collector("things") %}
+{%- for n, v in [("b1", "b"), ("a1", "a"), ("b2", "b"), ("c1", "c"), ("a2", "a")] %}{% set _ = c.push({"n": n, "v": v}) %}{% endfor %}
+{%- set d = shared.distinct("things", "v", "thing/") -%}
+{{ d | length }} {{ d[0].n }} {{ d[2].n }} {{ d | map(attribute="n") | join(",") }} {% for t in d %}{{ t.v }}{% endfor %}"#;
+        let rendered = env.render_str(template, ()).unwrap();
+        assert_eq!(rendered, "3 a1 c1 a1,b1,c1 abc");
     }
 
     /// A collector written over the last render's items holds exactly what this render pushed,

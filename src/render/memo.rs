@@ -662,6 +662,8 @@ pub(crate) fn render_each(
         list.iter().try_for_each(&mut each)?;
     } else if let Some(listing) = super::context::listed_items(items) {
         listing.iter().try_for_each(&mut each)?;
+    } else if let Some(mut picked) = super::context::picked_items(items) {
+        picked.try_for_each(&mut each)?;
     } else {
         let items = items.try_iter().map_err(|_| {
             Error::new(ErrorKind::InvalidOperation, "render_each: items is a list to render a block for")
