@@ -251,6 +251,11 @@ fn listed_key(item: &Value) -> Option<&crate::store::ObjectKey> {
 #[derive(Debug)]
 struct ListingView(imbl::Vector<Value>);
 
+/// The items of a list (minijinja's `Value::from(Vec<Value>)`), read in place.
+pub(crate) fn list_items(value: &Value) -> Option<&[Value]> {
+    value.downcast_object_ref::<Vec<Value>>().map(Vec::as_slice)
+}
+
 /// The items of a listing or of a store (`resources.<alias>`, its read of the whole store
 /// recorded as iterating it does), read in place (`None`: the value is neither).
 pub(crate) fn listed_items(value: &Value) -> Option<&imbl::Vector<Value>> {
@@ -539,7 +544,7 @@ impl SortedView {
 
     /// The view's items, in its order.
     fn sorted_items(&self) -> &[Value] {
-        self.sorted.downcast_object_ref::<Vec<Value>>().map_or(&[], Vec::as_slice)
+        list_items(&self.sorted).unwrap_or_default()
     }
 
     /// How many items the view was made from.
@@ -935,11 +940,8 @@ impl Shared {
         let mut claims = self.claimed_names.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
         // Read in place (see `memo::render_each`), and answered as places in the sorted list:
         // the items chosen are not copied out of it either.
-        let sorted = match sorted.downcast_object_ref::<Vec<Value>>() {
-            Some(_) => sorted,
-            None => Value::from(sorted.try_iter()?.collect::<Vec<_>>()),
-        };
-        let items = sorted.downcast_object_ref::<Vec<Value>>().map_or(&[][..], Vec::as_slice);
+        // (`Collector::sorted` always answers with a list.)
+        let items = list_items(&sorted).unwrap_or_default();
         for (place, item) in items.iter().enumerate() {
             let route = super::library::as_route(item).filter(|_| routes_by_backend);
             let value = match route {
@@ -981,7 +983,7 @@ struct Picked {
 
 impl Picked {
     fn source(&self) -> &[Value] {
-        self.from.downcast_object_ref::<Vec<Value>>().map_or(&[], Vec::as_slice)
+        list_items(&self.from).unwrap_or_default()
     }
 }
 

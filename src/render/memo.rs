@@ -658,7 +658,7 @@ pub(crate) fn render_each(
     // Lists and listings are read in place: each item taken out as a value of its own was a
     // count up and down on a shared object, tens of thousands of them per render (a fifth of a
     // render that reused every block was such counts, on objects far apart in memory).
-    if let Some(list) = items.downcast_object_ref::<Vec<Value>>() {
+    if let Some(list) = super::context::list_items(items) {
         list.iter().try_for_each(&mut each)?;
     } else if let Some(listing) = super::context::listed_items(items) {
         listing.iter().try_for_each(&mut each)?;
