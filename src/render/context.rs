@@ -519,32 +519,43 @@ fn template_value(object: &StoredObject) -> Value {
 type SortedKey = (Arc<str>, String, bool);
 
 /// A sorted view and the order that made it: the places, among the items it was made from, of
-/// its items in turn. The items themselves are the view's, read through the order's inverse: a
-/// copy of them beside the view, 10,000 routes counted up and later down again, was most of
-/// what mending a view cost.
+/// its items in turn. The items themselves are the view's, read through the order: a copy of
+/// them beside the view, 10,000 routes counted up and later down again, was most of what
+/// mending a view cost. They are a persistent vector (a listing, to templates), so a view
+/// mended for a few changed items shares all but the nodes around them with the view before:
+/// built as a list anew, each of the 10,000 routes was counted up for the new view and down
+/// again when the old one went, a sixth of a render after one change.
 #[derive(Debug)]
 pub(crate) struct SortedView {
     order: Vec<u32>,
     /// For each place among the items, where that item is in the view.
     in_view: Vec<u32>,
+    /// A [`ListingView`].
     sorted: Value,
 }
 
 impl SortedView {
-    /// The view `sorted`, made in `order`.
-    fn new(order: Vec<u32>, sorted: Value) -> Self {
+    /// The view of `sorted`, made in `order`.
+    fn new(order: Vec<u32>, sorted: imbl::Vector<Value>) -> Self {
         let mut in_view = vec![0; order.len()];
         for (at, place) in order.iter().enumerate() {
             if let Some(slot) = in_view.get_mut(*place as usize) {
                 *slot = u32::try_from(at).unwrap_or(u32::MAX);
             }
         }
-        Self { order, in_view, sorted }
+        Self { order, in_view, sorted: Value::from_object(ListingView(sorted)) }
+    }
+
+    /// The view of `items` in `order`, each item taken from `items`.
+    fn taking(order: Vec<u32>, items: &[Value]) -> Self {
+        let sorted = order.iter().filter_map(|at| items.get(*at as usize).cloned()).collect();
+        Self::new(order, sorted)
     }
 
     /// The view's items, in its order.
-    fn sorted_items(&self) -> &[Value] {
-        list_items(&self.sorted).unwrap_or_default()
+    fn sorted_items(&self) -> &imbl::Vector<Value> {
+        static NONE: std::sync::OnceLock<imbl::Vector<Value>> = std::sync::OnceLock::new();
+        listed_items(&self.sorted).unwrap_or_else(|| NONE.get_or_init(imbl::Vector::new))
     }
 
     /// How many items the view was made from.
@@ -552,17 +563,63 @@ impl SortedView {
         self.in_view.len()
     }
 
-    /// Whether the view was made from exactly these items.
+    /// Whether the view was made from exactly these items (walked in the view's order: the
+    /// vector read in turn, the items' list at random).
     fn made_from(&self, items: &[Value]) -> bool {
         let sorted = self.sorted_items();
         self.len() == items.len()
             && sorted.len() == items.len()
-            && self
-                .in_view
+            && sorted
                 .iter()
-                .zip(items)
-                .all(|(at, now)| sorted.get(*at as usize).is_some_and(|was| same_item(was, now)))
+                .zip(&self.order)
+                .all(|(was, place)| items.get(*place as usize).is_some_and(|now| same_item(was, now)))
     }
+
+    /// The view of `items` in `mended`'s order: this view's vector with the items gone taken
+    /// out and the new ones put in, when every item kept is the very object this view holds
+    /// (else each item is taken from `items`, as equal is not the same: a vetted text and an
+    /// unvetted one compare equal).
+    fn mended(&self, mended: Mended, items: &[Value]) -> Self {
+        if !mended.kept_the_same_objects {
+            return Self::taking(mended.order, items);
+        }
+        let mut sorted = self.sorted_items().clone();
+        let mut gone: Vec<usize> =
+            mended.gone.iter().filter_map(|place| self.in_view.get(*place)).map(|at| *at as usize).collect();
+        gone.sort_unstable_by(|a, b| b.cmp(a));
+        for at in gone {
+            if at < sorted.len() {
+                sorted.remove(at);
+            }
+        }
+        let mut new = vec![false; items.len()];
+        for place in &mended.added {
+            if let Some(slot) = new.get_mut(*place as usize) {
+                *slot = true;
+            }
+        }
+        // In the order's turn, so each goes in behind everything that comes before it.
+        for (at, place) in mended.order.iter().enumerate() {
+            if new.get(*place as usize).copied().unwrap_or(false)
+                && let Some(item) = items.get(*place as usize)
+            {
+                sorted.insert(at.min(sorted.len()), item.clone());
+            }
+        }
+        Self::new(mended.order, sorted)
+    }
+}
+
+/// A view's order mended for the items now (see [`mended_order`]), and how.
+#[derive(Debug)]
+struct Mended {
+    order: Vec<u32>,
+    /// The places, among the view's items, of those gone.
+    gone: Vec<usize>,
+    /// The places, among the items now, of those put in.
+    added: Vec<u32>,
+    /// Whether every item kept is the same object as the view's (not only an equal value).
+    kept_the_same_objects: bool,
 }
 
 /// Sorted views of shared collectors by what they sort.
@@ -600,18 +657,27 @@ const MEND_LOOKAHEAD: usize = 8;
 /// the items `view` had keep their order among themselves, and each other one is put in by a
 /// binary search. `None` when too many differ. Sorting 10,000 routes again for one changed
 /// Ingress was a fifth of a render after one change.
-fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value, reverse: bool) -> Option<Vec<u32>> {
-    let sorted = view.sorted_items();
-    let before = |place: usize| view.in_view.get(place).and_then(|at| sorted.get(*at as usize));
+fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value, reverse: bool) -> Option<Mended> {
     let before_len = view.len();
+    // The view's items by their places among the items it was made from (read in turn: the
+    // vector looked up at random would be a search each).
+    let mut by_place: Vec<Option<&Value>> = vec![None; before_len];
+    for (item, place) in view.sorted_items().iter().zip(&view.order) {
+        if let Some(slot) = by_place.get_mut(*place as usize) {
+            *slot = Some(item);
+        }
+    }
+    let before = |place: usize| by_place.get(place).copied().flatten();
     // Where each item of the view's is now, walking both lists side by side.
     let mut moved_to: Vec<Option<u32>> = vec![None; before_len];
     let mut new_items = Vec::new();
+    let mut kept_the_same_objects = true;
     let (mut old, mut now) = (0, 0);
     while old < before_len || now < items.len() {
         if let (Some(was), Some(is)) = (before(old), items.get(now))
             && same_item(was, is)
         {
+            kept_the_same_objects &= object_address(was).is_some_and(|was| object_address(is) == Some(was));
             moved_to[old] = Some(u32::try_from(now).ok()?);
             old += 1;
             now += 1;
@@ -645,14 +711,18 @@ fn mended_order(view: &SortedView, items: &[Value], key: &dyn Fn(usize) -> Value
     }
     let mut order: Vec<u32> =
         view.order.iter().filter_map(|place| moved_to.get(*place as usize).copied().flatten()).collect();
+    let mut added = Vec::with_capacity(new_items.len());
     for place in new_items {
         let wanted = key(place);
         let at = order.partition_point(|other| {
             directed(compare_keys(&key(*other as usize), &wanted), reverse).then((*other as usize).cmp(&place)).is_lt()
         });
-        order.insert(at, u32::try_from(place).ok()?);
+        let place = u32::try_from(place).ok()?;
+        order.insert(at, place);
+        added.push(place);
     }
-    Some(order)
+    let gone = moved_to.iter().enumerate().filter(|(_, to)| to.is_none()).map(|(place, _)| place).collect();
+    Some(Mended { order, gone, added, kept_the_same_objects })
 }
 
 /// A key comparison in the direction asked.
@@ -918,11 +988,6 @@ impl Shared {
         Ok(collector)
     }
 
-    /// Claims a name (a shared collector's, or any other). True for the first claim only.
-    fn claim_name(&self, name: super::memo::Fingerprint) -> bool {
-        self.claimed_names.lock().is_ok_and(|mut claims| claims.insert(name))
-    }
-
     /// `distinct(collector, attribute, claim_prefix)`: the collector's items ordered by one
     /// attribute, the first of each value only, and only those whose `claim_prefix ~ value`
     /// collector this call claims (a backend rendered once whichever loop reaches it first).
@@ -938,10 +1003,10 @@ impl Shared {
         let prefix_fingerprint = super::memo::name_fingerprint(claim_prefix);
         // One lock for the call's thousands of claims (nothing below claims by another way).
         let mut claims = self.claimed_names.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
-        // Read in place (see `memo::render_each`), and answered as places in the sorted list:
+        // Read in place (see `memo::render_each`), and answered as places in the sorted view:
         // the items chosen are not copied out of it either.
-        // (`Collector::sorted` always answers with a list.)
-        let items = list_items(&sorted).unwrap_or_default();
+        // (`Collector::sorted` always answers with a listing.)
+        let items = listed_items(&sorted).ok_or_else(|| Error::from(ErrorKind::InvalidOperation))?;
         for (place, item) in items.iter().enumerate() {
             let route = super::library::as_route(item).filter(|_| routes_by_backend);
             let value = match route {
@@ -971,19 +1036,20 @@ impl Shared {
     }
 }
 
-/// `distinct`'s answer: the items it chose, as places in the sorted list they came from (a
+/// `distinct`'s answer: the items it chose, as places in the sorted view they came from (a
 /// sequence to templates). Copied out, the 10,000 routes chosen were each counted up, and down
 /// again when the render was over.
 #[derive(Debug)]
 struct Picked {
-    /// A list (`Vec<Value>`).
+    /// A listing (a sorted view's).
     from: Value,
+    /// Ascending: `distinct` walks the view in turn.
     places: Vec<u32>,
 }
 
 impl Picked {
-    fn source(&self) -> &[Value] {
-        list_items(&self.from).unwrap_or_default()
+    fn source(&self) -> Option<&imbl::Vector<Value>> {
+        listed_items(&self.from)
     }
 }
 
@@ -994,7 +1060,7 @@ impl Object for Picked {
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let place = *self.places.get(key.as_usize()?)?;
-        self.source().get(place as usize).cloned()
+        self.source()?.get(place as usize).cloned()
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
@@ -1002,11 +1068,13 @@ impl Object for Picked {
     }
 }
 
-/// The items `distinct` chose, read in place (`None`: the value is not its answer).
+/// The items `distinct` chose, read in place, the view walked in turn (`None`: the value is
+/// not its answer).
 pub(crate) fn picked_items(value: &Value) -> Option<impl Iterator<Item = &Value>> {
     let picked = value.downcast_object_ref::<Picked>()?;
-    let from = picked.source();
-    Some(picked.places.iter().filter_map(move |place| from.get(*place as usize)))
+    let mut places = picked.places.iter().map(|place| *place as usize).peekable();
+    let items = picked.source()?.iter().enumerate();
+    Some(items.filter_map(move |(at, item)| places.next_if_eq(&at).map(|_| item)))
 }
 
 /// The render as blocks being checked and replayed see it.
@@ -1037,15 +1105,22 @@ impl<T: Clone> AtHand<T> {
 
     /// The thing of this name: at hand, or found by `find` and kept at hand.
     fn get(&self, name: &Arc<str>, find: impl FnOnce() -> Option<T>) -> Option<T> {
+        self.with(name, find, T::clone)
+    }
+
+    /// `with` given the thing of this name (see `get`), lent rather than copied: a copy of a
+    /// shared collector counted it up and down for each of a render's tens of thousands of
+    /// replayed pushes.
+    fn with<R>(&self, name: &Arc<str>, find: impl FnOnce() -> Option<T>, with: impl FnOnce(&T) -> R) -> Option<R> {
         let mut recent = self.0.borrow_mut();
         let at_hand = recent.iter().flatten().find(|(known, _)| Arc::ptr_eq(known, name) || **known == **name);
         if let Some((_, thing)) = at_hand {
-            return Some(thing.clone());
+            return Some(with(thing));
         }
         let thing = find()?;
         recent.rotate_right(1);
-        recent[0] = Some((name.clone(), thing.clone()));
-        Some(thing)
+        let (_, thing) = recent[0].insert((name.clone(), thing));
+        Some(with(thing))
     }
 }
 
@@ -1054,9 +1129,13 @@ impl<'a> RenderNow<'a> {
         Self { resources, shared, recent_collectors: AtHand::new(), recent_stores: AtHand::new() }
     }
 
-    /// The shared collector of this name.
-    fn collector(&self, name: &Arc<str>) -> Option<Arc<Collector>> {
-        self.recent_collectors.get(name, || self.shared.collector_named(name, || name.clone()).ok())
+    /// `with` given the shared collector of this name.
+    fn with_collector<R>(&self, name: &Arc<str>, with: impl FnOnce(&Collector) -> R) -> Option<R> {
+        self.recent_collectors.with(
+            name,
+            || self.shared.collector_named(name, || name.clone()).ok(),
+            |collector| with(collector),
+        )
     }
 
     /// The store of this alias.
@@ -1084,8 +1163,21 @@ impl super::memo::RenderState for RenderNow<'_> {
         self.view(alias).is_some_and(|view| view.finds(key, found))
     }
 
-    fn claimed(&self, name: super::memo::Fingerprint) -> bool {
-        self.shared.claimed_names.lock().is_ok_and(|claims| claims.contains(&name))
+    fn claim_as_before(&self, effects: &[super::memo::Effect]) -> bool {
+        let mut claims = super::memo::claims(effects).peekable();
+        if claims.peek().is_none() {
+            return true;
+        }
+        let Ok(mut claimed) = self.shared.claimed_names.lock() else { return false };
+        let made = claims.position(|(name, won)| !(if won { claimed.insert(name) } else { claimed.contains(&name) }));
+        let Some(failed) = made else { return true };
+        // Taken back: the block is rendered instead, and claims again as it goes.
+        for (name, won) in super::memo::claims(effects).take(failed) {
+            if won {
+                claimed.remove(&name);
+            }
+        }
+        false
     }
 
     fn slots_are(&self, backend: &str, table: &Arc<crate::plan::slots::SlotTable>) -> bool {
@@ -1111,15 +1203,14 @@ impl super::memo::RenderState for RenderNow<'_> {
             // Replayed without recording: the block's effects reach an enclosing block, if any,
             // as the block's own (`memo::render_each` hands them on), not a second time here.
             Effect::Push { collector, value } => {
-                if let Some(collector) = self.collector(collector)
-                    && let Ok(mut items) = collector.items.lock()
-                {
-                    items.push_ref(value);
-                }
+                self.with_collector(collector, |collector| {
+                    if let Ok(mut items) = collector.items.lock() {
+                        items.push_ref(value);
+                    }
+                });
             }
-            Effect::Claim { name, .. } => {
-                self.shared.claim_name(*name);
-            }
+            // Made by the check (`claim_as_before`).
+            Effect::Claim { .. } => {}
             // A block is reused only when the backend's slots are already what it left them
             // (`slots_are`): nothing to write.
             Effect::Slots { .. } => {}
@@ -1233,8 +1324,8 @@ fn same_object(kept: &Value, pushed: &Value) -> bool {
     object_address(kept).is_some_and(|kept| object_address(pushed) == Some(kept))
 }
 
-/// The address of a route or a stored object.
-fn object_address(value: &Value) -> Option<*const ()> {
+/// The address of a route or a stored object (both immutable).
+pub(crate) fn object_address(value: &Value) -> Option<*const ()> {
     if let Some(route) = value.downcast_object_ref::<super::library::Route>() {
         return Some(std::ptr::from_ref(route).cast());
     }
@@ -1303,11 +1394,11 @@ impl Collector {
                 let mut items = self.items.lock().map_err(|_| Error::from(ErrorKind::InvalidOperation))?;
                 let items = items.settled();
                 let key_of = |place: usize| items[place].get_attr(&attribute).unwrap_or_default();
-                let order = before
-                    .and_then(|view| mended_order(view, items, &key_of, reverse))
-                    .unwrap_or_else(|| sort_order(items, &key_of, reverse));
-                let sorted = Value::from(order.iter().map(|at| items[*at as usize].clone()).collect::<Vec<_>>());
-                Arc::new(SortedView::new(order, sorted))
+                let mended = before.and_then(|view| Some((view, mended_order(view, items, &key_of, reverse)?)));
+                Arc::new(match mended {
+                    Some((view, mended)) => view.mended(mended, items),
+                    None => SortedView::taking(sort_order(items, &key_of, reverse), items),
+                })
             }
         };
         let sorted = view.sorted.clone();
@@ -1474,6 +1565,33 @@ mod tests {
     /// A collector written over the last render's items holds exactly what this render pushed,
     /// in order, whatever it started from; an object already in its place is kept (not
     /// copied), anything else is what was pushed, even text equal to what was there.
+    /// A reused block's claims are made all or none: one that would come out otherwise takes
+    /// back those made before it (the block is rendered instead, and claims again).
+    #[test]
+    fn a_blocks_claims_are_made_as_before_or_not_at_all() {
+        use super::super::memo::{Effect, RenderState, name_fingerprint};
+        use super::{Carried, RenderNow, Resources, Shared};
+
+        let resources = Resources::new(&Default::default(), &Default::default());
+        let shared = Shared::starting_from(Carried::default());
+        let now = RenderNow::new(&resources, &shared);
+        let (mine, taken) = (name_fingerprint("backend/mine"), name_fingerprint("backend/taken"));
+        shared.claimed_names.lock().unwrap().insert(taken);
+        let claimed = |name| shared.claimed_names.lock().unwrap().contains(&name);
+
+        let won_both = [Effect::Claim { name: mine, won: true }, Effect::Claim { name: taken, won: true }];
+        assert!(!now.claim_as_before(&won_both), "a name won before is taken now");
+        assert!(!claimed(mine), "the claim made before the one that failed is taken back");
+
+        let lost_the_second = [Effect::Claim { name: mine, won: true }, Effect::Claim { name: taken, won: false }];
+        assert!(now.claim_as_before(&lost_the_second));
+        assert!(claimed(mine));
+
+        let lost_a_free_name = [Effect::Claim { name: name_fingerprint("backend/free"), won: false }];
+        assert!(!now.claim_as_before(&lost_a_free_name), "a name lost before is free now");
+        assert!(now.claim_as_before(&[]), "a block that claims nothing");
+    }
+
     mod collector_items {
         use minijinja::Value;
         use proptest::prelude::*;
@@ -1522,7 +1640,7 @@ mod tests {
         use minijinja::Value;
         use proptest::prelude::*;
 
-        use super::super::{SortedView, mended_order, sort_order};
+        use super::super::{SortedView, mended_order, object_address, sort_order};
 
         /// An item: its sort key and a serial number that tells it from every other.
         fn item(key: i64, serial: usize, as_text: bool) -> Value {
@@ -1541,26 +1659,75 @@ mod tests {
                 let before: Vec<Value> = keys.iter().enumerate().map(|(serial, key)| item(*key, serial, as_text)).collect();
                 let key_of = |items: &[Value], place: usize| items[place].get_attr("key").unwrap_or_default();
                 let order = sort_order(&before, &|place| key_of(&before, place), reverse);
-                let sorted = Value::from(order.iter().map(|at| before[*at as usize].clone()).collect::<Vec<_>>());
-                let view = SortedView::new(order, sorted);
-                let mut now = before.clone();
-                // Each edit: where, what (0: change the item there, 2: remove it, else: add one
-                // before it), and the key of an item changed or added.
-                for (serial, (at, what, key)) in edits.iter().copied().enumerate() {
-                    let fresh = item(key, 1000 + serial, as_text);
-                    match what {
-                        0 if !now.is_empty() => { let at = at % now.len(); now[at] = fresh; }
-                        2 if !now.is_empty() => { now.remove(at % now.len()); }
-                        _ => { let at = at % (now.len() + 1); now.insert(at, fresh); }
-                    }
-                }
+                let view = SortedView::taking(order, &before);
+                let now = edited(&before, &edits, |key, serial| item(key, serial, as_text));
                 let full = sort_order(&now, &|place| key_of(&now, place), reverse);
                 if let Some(mended) = mended_order(&view, &now, &|place| key_of(&now, place), reverse) {
-                    prop_assert_eq!(mended, full);
+                    prop_assert_eq!(&mended.order, &full);
+                    let mended = view.mended(mended, &now);
+                    let items: Vec<Value> = mended.sorted_items().iter().cloned().collect();
+                    let expected: Vec<Value> = full.iter().map(|place| now[*place as usize].clone()).collect();
+                    prop_assert_eq!(items, expected);
                 } else {
                     prop_assert!(!edits.is_empty(), "an unchanged list is always mended");
                 }
             }
+
+            /// Routes and stored objects: the mended view is the old one with the items gone
+            /// taken out and the new ones put in, holding the very objects a full sort holds.
+            #[test]
+            fn a_mended_view_of_objects_holds_the_objects_of_the_full_sort(
+                keys in proptest::collection::vec(0i64..6, 0..80),
+                edits in proptest::collection::vec((0usize..100, 0u8..3, 0i64..6), 0..12),
+                reverse in any::<bool>(),
+            ) {
+                let before: Vec<Value> = keys.iter().enumerate().map(|(serial, key)| stored(*key, serial)).collect();
+                let key_of = |items: &[Value], place: usize| items[place].get_attr("key").unwrap_or_default();
+                let view = SortedView::taking(sort_order(&before, &|place| key_of(&before, place), reverse), &before);
+                let now = edited(&before, &edits, stored);
+                let full = sort_order(&now, &|place| key_of(&now, place), reverse);
+                if let Some(mended) = mended_order(&view, &now, &|place| key_of(&now, place), reverse) {
+                    prop_assert!(mended.kept_the_same_objects);
+                    let mended = view.mended(mended, &now);
+                    let held: Vec<_> = mended.sorted_items().iter().map(object_address).collect();
+                    let expected: Vec<_> = full.iter().map(|place| object_address(&now[*place as usize])).collect();
+                    prop_assert_eq!(held, expected);
+                    prop_assert!(mended.made_from(&now));
+                }
+            }
+        }
+
+        /// `before` after `edits`, each: where, what (0: change the item there, 2: remove it,
+        /// else: add one before it), and the key of an item changed or added (made by `fresh`
+        /// from its key and a serial number).
+        fn edited(before: &[Value], edits: &[(usize, u8, i64)], fresh: impl Fn(i64, usize) -> Value) -> Vec<Value> {
+            let mut now = before.to_vec();
+            for (serial, (at, what, key)) in edits.iter().copied().enumerate() {
+                let fresh = fresh(key, 1000 + serial);
+                match what {
+                    0 if !now.is_empty() => {
+                        let at = at % now.len();
+                        now[at] = fresh;
+                    }
+                    2 if !now.is_empty() => {
+                        now.remove(at % now.len());
+                    }
+                    _ => {
+                        let at = at % (now.len() + 1);
+                        now.insert(at, fresh);
+                    }
+                }
+            }
+            now
+        }
+
+        /// A stored object with a sort key, told from every other by its name.
+        fn stored(key: i64, serial: usize) -> Value {
+            let store = crate::store::ResourceStore::new("Thing", Vec::new());
+            let object = store
+                .prepare(serde_json::json!({"metadata": {"namespace": "ns", "name": format!("o{serial}")}, "key": key}))
+                .unwrap();
+            super::super::template_value(&object)
         }
     }
 }

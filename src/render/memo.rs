@@ -338,6 +338,9 @@ pub(crate) struct Block {
     reads: Box<[Read]>,
     effects: Box<[Effect]>,
     output: Arc<str>,
+    /// The item it was rendered for, when that is a stored object or a route (immutable, so
+    /// the same object has the same fingerprint): held so that its address stays its own.
+    item: Option<Value>,
 }
 
 /// Keys are fingerprints already: hashing them again would be wasted work.
@@ -362,8 +365,17 @@ impl Hasher for KeyHasher {
 
 type BlockMap = HashMap<Fingerprint, Arc<Block>, BuildHasherDefault<KeyHasher>>;
 
-/// One `render_each` call's blocks, in the order it rendered them.
-type Run = Vec<(Fingerprint, Arc<Block>)>;
+/// A block and its key.
+type KeyedBlock = (Fingerprint, Arc<Block>);
+
+/// One `render_each` call's blocks, in the order it rendered them, and the length of the text
+/// they made together (the next call's text is given that room at once: grown by doubling,
+/// the megabytes of a call's text were copied again and again).
+#[derive(Debug, Default)]
+struct Run {
+    blocks: Vec<KeyedBlock>,
+    output_len: usize,
+}
 
 /// A `render_each` call within a render: the fingerprint of its template, name and `with`, and
 /// how many calls with that fingerprint came before it in the render.
@@ -382,7 +394,7 @@ pub(crate) struct Blocks(HashMap<Call, Run, foldhash::quality::RandomState>);
 impl Blocks {
     /// How many blocks are kept.
     pub(crate) fn len(&self) -> usize {
-        self.0.values().map(Vec::len).sum()
+        self.0.values().map(|run| run.blocks.len()).sum()
     }
 }
 
@@ -437,7 +449,7 @@ impl RenderBlocks {
     fn by_key(&self, key: Fingerprint) -> Option<Arc<Block>> {
         let map = self.by_key.get_or_init(|| {
             let mut map = BlockMap::with_capacity_and_hasher(self.previous.len(), Default::default());
-            for (key, block) in self.previous.0.values().flatten() {
+            for (key, block) in self.previous.0.values().flat_map(|run| &run.blocks) {
                 map.insert(*key, block.clone());
             }
             map
@@ -455,7 +467,7 @@ impl RenderBlocks {
 /// Where a call finds its blocks from the last render: its own run, in order, or by key.
 struct Finder<'a> {
     blocks: &'a RenderBlocks,
-    run: Option<&'a Run>,
+    run: Option<&'a [KeyedBlock]>,
     /// Where in `run` the next item's block is expected.
     cursor: usize,
     /// Where each block of `run` is, made once the rest of the run was searched
@@ -472,8 +484,21 @@ struct Finder<'a> {
 const SEARCHES_BEFORE_PLACES: usize = 4;
 
 impl<'a> Finder<'a> {
-    fn new(blocks: &'a RenderBlocks, run: Option<&'a Run>) -> Self {
+    fn new(blocks: &'a RenderBlocks, run: Option<&'a [KeyedBlock]>) -> Self {
         Self { blocks, run, cursor: 0, places: None, searches: 0 }
+    }
+
+    /// The block at the cursor, and its key, when it was rendered for this very item (the same
+    /// object, whose fingerprint is then the same without computing it: most items of a render
+    /// after a few changes are the objects the last render had, in the same order).
+    fn same_item_at_cursor(&mut self, item: &Value) -> Option<KeyedBlock> {
+        let address = super::context::object_address(item)?;
+        let (key, block) = self.run?.get(self.cursor)?;
+        let was = block.item.as_ref().and_then(super::context::object_address)?;
+        (was == address).then(|| {
+            self.cursor += 1;
+            (*key, block.clone())
+        })
     }
 
     fn find(&mut self, key: Fingerprint) -> Option<Arc<Block>> {
@@ -493,7 +518,7 @@ impl<'a> Finder<'a> {
             self.searches += 1;
             // Past the cursor first (items added or removed move the rest along), then before it.
             let after = self.cursor.min(run.len());
-            let found = |(place, (found, _)): (usize, &(Fingerprint, Arc<Block>))| (*found == key).then_some(place);
+            let found = |(place, (found, _)): (usize, &KeyedBlock)| (*found == key).then_some(place);
             run[after..]
                 .iter()
                 .enumerate()
@@ -526,8 +551,10 @@ pub(crate) trait RenderState {
     ) -> Option<bool>;
     /// Whether a store holds exactly `found` under an index key now.
     fn finds(&self, alias: &Arc<str>, key: &[String], found: &[Identity]) -> bool;
-    /// Whether a shared name is claimed already.
-    fn claimed(&self, name: Fingerprint) -> bool;
+    /// Makes a block's claims (among its effects) as they came out before, all or none: false,
+    /// and nothing claimed, when one would come out otherwise (a name it won taken already, or
+    /// one it lost still free).
+    fn claim_as_before(&self, effects: &[Effect]) -> bool;
     /// Whether a backend's server slots are `table` now.
     fn slots_are(&self, backend: &str, table: &Arc<SlotTable>) -> bool;
     /// Replays one effect.
@@ -536,7 +563,9 @@ pub(crate) trait RenderState {
 
 /// Whether `block`'s reads still find what they found, and its claims and slots would come out
 /// the same. A lookup whose store moved on but still finds the same objects notes the store's
-/// generation now, so the next check is quick.
+/// generation now, so the next check is quick. The claims are made by the check when it passes
+/// (see `RenderState::claim_as_before`): checked, then made, each was looked for twice in a set
+/// of 20,000 names.
 fn still_valid(block: &Block, now: &dyn RenderState) -> bool {
     for read in &block.reads {
         match read {
@@ -561,10 +590,18 @@ fn still_valid(block: &Block, now: &dyn RenderState) -> bool {
             }
         }
     }
-    block.effects.iter().all(|effect| match effect {
-        Effect::Claim { name, won } => now.claimed(*name) != *won,
+    let slots_kept = block.effects.iter().all(|effect| match effect {
         Effect::Slots { backend, table } => now.slots_are(backend, table),
         _ => true,
+    });
+    slots_kept && now.claim_as_before(&block.effects)
+}
+
+/// The claims among a block's effects: (name, won).
+pub(crate) fn claims(effects: &[Effect]) -> impl Iterator<Item = (Fingerprint, bool)> + '_ {
+    effects.iter().filter_map(|effect| match effect {
+        Effect::Claim { name, won } => Some((*name, *won)),
+        _ => None,
     })
 }
 
@@ -611,19 +648,26 @@ pub(crate) fn render_each(
         })
     });
     let call = prefix.map(|prefix| blocks.call(prefix));
-    let mut finder = Finder::new(blocks, call.and_then(|call| blocks.previous.0.get(&call)));
-    let mut run: Run = Vec::with_capacity(finder.run.map_or(0, Vec::len));
-    let mut output = String::new();
+    let previous = call.and_then(|call| blocks.previous.0.get(&call));
+    let mut finder = Finder::new(blocks, previous.map(|run| &run.blocks[..]));
+    let mut run: Vec<KeyedBlock> = Vec::with_capacity(previous.map_or(0, |run| run.blocks.len()));
+    let mut output = String::with_capacity(previous.map_or(0, |run| run.output_len));
     let mut counts = BlockCounts::default();
     let mut each = |item: &Value| -> Result<(), Error> {
-        let key = prefix.zip(fingerprint(item)).map(|(prefix, item)| {
-            combine(|digest| {
-                prefix.hash(digest);
-                item.hash(digest);
-            })
-        });
+        let (key, found) = match finder.same_item_at_cursor(item) {
+            Some((key, block)) => (Some(key), Some(block)),
+            None => {
+                let key = prefix.zip(fingerprint(item)).map(|(prefix, item)| {
+                    combine(|digest| {
+                        prefix.hash(digest);
+                        item.hash(digest);
+                    })
+                });
+                (key, key.and_then(|key| finder.find(key)))
+            }
+        };
         if let Some(key) = key
-            && let Some(block) = finder.find(key)
+            && let Some(block) = found
             && still_valid(&block, now)
         {
             for effect in &block.effects {
@@ -646,6 +690,7 @@ pub(crate) fn render_each(
             reads: recording.reads.into_boxed_slice(),
             effects: recording.effects.into_boxed_slice(),
             output: rendered.into(),
+            item: super::context::object_address(item).map(|_| item.clone()),
         });
         hand_to_parent(&block);
         if !recording.cacheable {
@@ -673,7 +718,7 @@ pub(crate) fn render_each(
         }
     }
     if let Some(call) = call {
-        blocks.keep(call, run);
+        blocks.keep(call, Run { blocks: run, output_len: output.len() });
     }
     if let Ok(mut total) = blocks.counts.lock() {
         total.reused += counts.reused;
@@ -731,21 +776,22 @@ mod tests {
     /// A call's last run of blocks, keys 0 to `len - 1` in order.
     fn previous_run(len: u128) -> (RenderBlocks, Call) {
         let call = (Fingerprint(7), 0);
-        let run: Run = (0..len)
+        let blocks: Vec<KeyedBlock> = (0..len)
             .map(|key| {
-                let block = Block { reads: Box::new([]), effects: Box::new([]), output: key.to_string().into() };
+                let block =
+                    Block { reads: Box::new([]), effects: Box::new([]), output: key.to_string().into(), item: None };
                 (Fingerprint(key), Arc::new(block))
             })
             .collect();
         let mut previous = Blocks::default();
-        previous.0.insert(call, run);
+        previous.0.insert(call, Run { blocks, output_len: 0 });
         (RenderBlocks::reusing(Arc::new(previous)), call)
     }
 
     /// Which of `keys`, in this order, find their block of the last render.
     fn found(keys: &[u128], len: u128) -> Vec<u128> {
         let (blocks, call) = previous_run(len);
-        let mut finder = Finder::new(&blocks, blocks.previous.0.get(&call));
+        let mut finder = Finder::new(&blocks, blocks.previous.0.get(&call).map(|run| &run.blocks[..]));
         keys.iter().copied().filter(|key| finder.find(Fingerprint(*key)).is_some()).collect()
     }
 
