@@ -31,13 +31,14 @@ command -v taskset > /dev/null || { echo "taskset (util-linux) is needed to pin 
 build() {
     local rev=$1 commit
     commit=$(git -C "$root" rev-parse --verify "$rev^{commit}")
+    # The tree stays: the bench reads the chart and the examples from where it was built.
     local tree="$work/tree-$commit" binary="$work/render-$commit"
-    if [ ! -x "$binary" ]; then
+    if [ ! -x "$binary" ] || [ ! -d "$tree" ]; then
         [ -d "$tree" ] || git -C "$root" worktree add --detach "$tree" "$commit" > /dev/null
         local built
         built=$(cd "$tree" && CARGO_TARGET_DIR="$target_dir" cargo bench --bench render --no-run \
             --message-format=json 2> "$work/build-$commit.log" |
-            sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+            sed -n '/"kind":\["bench"\]/s/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
         [ -n "$built" ] || { echo "building $rev failed: see $work/build-$commit.log" >&2; exit 1; }
         cp "$built" "$binary"
     fi
@@ -59,6 +60,9 @@ for round in $(seq 1 "$rounds"); do
     taskset -c "${cpus[0]}" "$before_bin" --bench "$filter" > "$work/before.log" 2>&1 &
     taskset -c "${cpus[1]}" "$after_bin" --bench "$filter" > "$work/after.log" 2>&1 &
     wait
+    for side in before after; do
+        grep -q "fastest of 50" "$work/$side.log" || { echo "the $side bench printed no figures:" >&2; tail -n 20 "$work/$side.log" >&2; exit 1; }
+    done
     echo "round $round before $before (cpu ${cpus[0]}): $(figures "$work/before.log")"
     echo "round $round after  $after (cpu ${cpus[1]}): $(figures "$work/after.log")"
 done
