@@ -530,8 +530,7 @@ pub(crate) struct SortedView {
     order: Vec<u32>,
     /// For each place among the items, where that item is in the view.
     in_view: Vec<u32>,
-    /// A [`ListingView`].
-    sorted: Value,
+    sorted: imbl::Vector<Value>,
 }
 
 impl SortedView {
@@ -543,7 +542,7 @@ impl SortedView {
                 *slot = u32::try_from(at).unwrap_or(u32::MAX);
             }
         }
-        Self { order, in_view, sorted: Value::from_object(ListingView(sorted)) }
+        Self { order, in_view, sorted }
     }
 
     /// The view of `items` in `order`, each item taken from `items`.
@@ -554,8 +553,12 @@ impl SortedView {
 
     /// The view's items, in its order.
     fn sorted_items(&self) -> &imbl::Vector<Value> {
-        static NONE: std::sync::OnceLock<imbl::Vector<Value>> = std::sync::OnceLock::new();
-        listed_items(&self.sorted).unwrap_or_else(|| NONE.get_or_init(imbl::Vector::new))
+        &self.sorted
+    }
+
+    /// The view as templates see it: a listing (sharing the vector).
+    fn as_listing(&self) -> Value {
+        Value::from_object(ListingView(self.sorted.clone()))
     }
 
     /// How many items the view was made from.
@@ -1401,7 +1404,7 @@ impl Collector {
                 })
             }
         };
-        let sorted = view.sorted.clone();
+        let sorted = view.as_listing();
         if let Some((views, key)) = carry
             && let Ok(mut now) = views.now.lock()
         {
