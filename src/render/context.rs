@@ -176,7 +176,11 @@ impl Resources {
 
 impl Object for Resources {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        self.views.get(key.as_str()?).cloned()
+        self.get_value_by_str(key.as_str()?)
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        self.views.get(key).cloned()
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
@@ -466,6 +470,11 @@ impl Object for TrackedObject {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         touch(self);
         self.inner.get_item(key).ok().filter(|value| !value.is_undefined())
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        touch(self);
+        self.inner.get_attr(key).ok().filter(|value| !value.is_undefined())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {

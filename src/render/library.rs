@@ -21,7 +21,11 @@ struct Endpoint {
 
 impl Object for Endpoint {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        Some(match key.as_str()? {
+        self.get_value_by_str(key.as_str()?)
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        Some(match key {
             "address" => self.address.clone(),
             "port" => self.port.clone(),
             "ready" => Value::from(self.ready),
@@ -205,7 +209,11 @@ pub(crate) fn route_fingerprinted(value: &Value) -> Option<&dyn super::memo::Fin
 
 impl Object for Route {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        Some(match key.as_str()? {
+        self.get_value_by_str(key.as_str()?)
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        Some(match key {
             "namespace" => self.namespace.clone(),
             "ingress" => self.ingress.clone(),
             "host" => self.host.clone(),

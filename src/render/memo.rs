@@ -745,7 +745,10 @@ impl Object for BlockContext {
     }
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        let key = key.as_str()?;
+        self.get_value_by_str(key.as_str()?)
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
         if key == &*self.name {
             return Some(self.item.clone());
         }

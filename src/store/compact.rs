@@ -248,7 +248,11 @@ impl Object for MapView {
     }
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        self.get(key.as_str()?).map(Node::to_value)
+        self.get_value_by_str(key.as_str()?)
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        self.get(key).map(Node::to_value)
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
