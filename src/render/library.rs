@@ -968,6 +968,31 @@ mod tests {
         assert_eq!(none.len(), Some(0), "a missing Service has no endpoints");
     }
 
+    /// Routes and endpoints answer a name (`route.host`, how templates read them) as they
+    /// answer the same name as a key (`route["host"]`), and a name they lack with nothing.
+    #[test]
+    fn routes_and_endpoints_answer_a_name_as_they_answer_the_key() {
+        let ingress = Value::from(Serde(json!({
+            "metadata": {"namespace": "web", "name": "shop"},
+            "spec": {"rules": [{"host": "shop.example.com", "http": {"paths": [
+                {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "shop", "port": {"number": 80}}}}]}}]}
+        })));
+        let route = ingress_routes(&ingress).unwrap().get_item(&Value::from(0)).unwrap();
+        let slices =
+            Value::from(Serde(json!([{"endpoints": [{"addresses": ["198.18.0.1"]}], "ports": [{"port": 8080}]}])));
+        let endpoint = endpoints(&slices, None).unwrap().get_item(&Value::from(0)).unwrap();
+        for object in [route, endpoint] {
+            let names: Vec<Value> = object.try_iter().unwrap().collect();
+            assert!(names.len() >= 5, "{names:?}");
+            for name in names.iter().chain([&Value::from("missing")]) {
+                let by_name = object.get_attr(name.as_str().unwrap()).unwrap();
+                let by_key = object.get_item(name).unwrap();
+                assert_eq!(by_name, by_key, "{name}");
+                assert_eq!(by_name.is_undefined(), name.as_str() == Some("missing"), "{name}");
+            }
+        }
+    }
+
     /// The claim a route keeps for its backend is the name's own fingerprint, whichever
     /// prefix asks, first or again.
     #[test]
