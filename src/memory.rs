@@ -32,11 +32,71 @@ pub const JEMALLOC_CONF: &[u8; JEMALLOC_SETTINGS.len() + 1] = &{
     with_nul
 };
 
+/// What jemalloc holds, in bytes: the live heap and the pages around it. Read through
+/// jemalloc's own statistics (an epoch advanced first, as they are cached), so they say nothing
+/// of a process that allocates otherwise (a test binary on the system allocator reads jemalloc's
+/// own few pages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapFigures {
+    /// Bytes the program has allocated and not freed.
+    pub allocated: usize,
+    /// Bytes in pages that hold live allocations (`allocated` and the free room in those pages).
+    pub active: usize,
+    /// jemalloc's own bookkeeping.
+    pub metadata: usize,
+    /// Bytes in pages resident in memory that jemalloc maps (active, metadata and freed pages
+    /// not yet handed back).
+    pub resident: usize,
+    /// Bytes in the extents jemalloc has mapped and uses.
+    pub mapped: usize,
+    /// Address space kept for reuse (not resident).
+    pub retained: usize,
+}
+
+impl HeapFigures {
+    /// The figures by name, as `/metrics` labels them.
+    pub fn named(&self) -> [(&'static str, usize); 6] {
+        [
+            ("allocated", self.allocated),
+            ("active", self.active),
+            ("metadata", self.metadata),
+            ("resident", self.resident),
+            ("mapped", self.mapped),
+            ("retained", self.retained),
+        ]
+    }
+}
+
+/// jemalloc's figures now; none when jemalloc does not answer.
+pub fn heap_figures() -> Option<HeapFigures> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    epoch::advance().ok()?;
+    Some(HeapFigures {
+        allocated: stats::allocated::read().ok()?,
+        active: stats::active::read().ok()?,
+        metadata: stats::metadata::read().ok()?,
+        resident: stats::resident::read().ok()?,
+        mapped: stats::mapped::read().ok()?,
+        retained: stats::retained::read().ok()?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn settings_reach_jemalloc_nul_terminated() {
         assert_eq!(super::JEMALLOC_CONF.last(), Some(&0));
         assert_eq!(&super::JEMALLOC_CONF[..super::JEMALLOC_SETTINGS.len()], super::JEMALLOC_SETTINGS.as_bytes());
+    }
+
+    /// jemalloc answers for its statistics, whichever allocator the test binary uses, and its
+    /// figures nest as its documentation says.
+    #[test]
+    fn jemalloc_gives_its_heap_figures() {
+        let figures = super::heap_figures().expect("jemalloc's statistics");
+        assert!(figures.allocated <= figures.active, "{figures:?}");
+        assert!(figures.active <= figures.resident, "{figures:?}");
+        assert!(figures.active <= figures.mapped, "{figures:?}");
+        assert_eq!(figures.named().len(), 6);
     }
 }

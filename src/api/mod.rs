@@ -148,7 +148,7 @@ async fn metrics(State(state): State<ApiState>) -> Response {
 }
 
 fn metrics_now(state: &ApiState) -> Response {
-    use crate::telemetry::metrics::{StateLabels, metrics};
+    use crate::telemetry::metrics::{HeapLabels, StateLabels, metrics};
     let metrics = metrics();
     if let Some(journal) = &state.journal {
         metrics.pods.clear();
@@ -156,6 +156,11 @@ fn metrics_now(state: &ApiState) -> Response {
             metrics.pods.get_or_create(&StateLabels { state: pod.state.to_string() }).inc();
         }
         metrics.journal_bytes.set(i64::try_from(journal.size_on_disk()).unwrap_or(i64::MAX));
+    }
+    if let Some(heap) = crate::memory::heap_figures() {
+        for (kind, bytes) in heap.named() {
+            metrics.heap_bytes.get_or_create(&HeapLabels { kind }).set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.encode())
         .into_response()

@@ -17,6 +17,13 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// A figure of jemalloc's (`haptic::memory::HeapFigures`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeapLabels {
+    /// `allocated`, `active`, `metadata`, `resident`, `mapped` or `retained`.
+    pub kind: &'static str,
+}
+
 /// What triggered a reconciliation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TriggerLabels {
@@ -112,6 +119,8 @@ pub struct Metrics {
     pub pods: Family<StateLabels, Gauge>,
     /// Journal size on disk, set when scraped.
     pub journal_bytes: Gauge,
+    /// jemalloc's figures (live heap, pages it holds), set when scraped.
+    pub heap_bytes: Family<HeapLabels, Gauge>,
     /// 1 while this replica may deploy.
     pub leader: Gauge,
     /// Pod drivers that died (panicked) and were restarted.
@@ -142,6 +151,7 @@ impl Metrics {
             action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             pods: Family::default(),
             journal_bytes: Gauge::default(),
+            heap_bytes: Family::default(),
             leader: Gauge::default(),
             driver_restarts: Counter::default(),
             registry: Registry::default(),
@@ -189,6 +199,11 @@ impl Metrics {
         registry.register("pod_action_duration_seconds", "Time of actions on pods", metrics.action_seconds.clone());
         registry.register("pods", "Known HAProxy pods by state", metrics.pods.clone());
         registry.register("journal_size_bytes", "Journal size on disk", metrics.journal_bytes.clone());
+        registry.register(
+            "heap_bytes",
+            "jemalloc's figures: allocated (live heap), active (its pages), metadata, resident, mapped, retained",
+            metrics.heap_bytes.clone(),
+        );
         registry.register("leader", "1 while this replica deploys", metrics.leader.clone());
         registry.register(
             "driver_restarts",

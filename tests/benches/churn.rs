@@ -17,7 +17,9 @@
 //! 500 ms); scale steps (their endpoints are addresses nothing answers on) are checked at the
 //! end in the controller's render. It prints the changes' rate,
 //! latencies (p50/p95/p99), reloads per pod, how far the slowest pod trails the median one, the
-//! controller's peak RSS and CPU time, the errors in its log and its journal's size.
+//! controller's peak RSS and CPU time, jemalloc's figures from its metrics (the live heap and the
+//! pages around it: in sync, at the sample of highest RSS, at the end), the errors in its log and
+//! its journal's size.
 //!
 //! `cargo bench --bench churn -- [--ingresses N] [--rate PER_SECOND] [--seconds T] [--max-delay D]
 //! [--deployment-timeout D] [--turns K]` (defaults 1,000, 10, 60 and the configuration's own: under a steady stream of changes the
@@ -228,6 +230,22 @@ fn time_spent(metrics: &str) -> String {
 
 /// How many renders took at most each bucket's time (`le`), from the render histogram: a few
 /// slow renders and many slow ones are different problems.
+/// jemalloc's figures in the controller's metrics now (`haptic_heap_bytes`), in MiB, or why
+/// there are none.
+async fn heap_figures(http: &reqwest::Client, api_url: &str) -> String {
+    let metrics = match http.get(format!("{api_url}/metrics")).send().await {
+        Ok(response) => response.text().await,
+        Err(error) => Err(error),
+    };
+    let Ok(metrics) = metrics else { return "(no metrics)".to_owned() };
+    ["allocated", "active", "metadata", "resident", "retained"]
+        .map(|kind| {
+            let bytes = env::measure::metric_sum(&metrics, &format!("haptic_heap_bytes{{kind=\"{kind}\"}}"));
+            format!("{kind} {:.1}", bytes / 1048576.0)
+        })
+        .join(", ")
+}
+
 fn render_spread(metrics: &str) -> String {
     let mut counted = 0.0;
     let mut buckets = Vec::new();
@@ -350,6 +368,8 @@ async fn main() -> Result<()> {
     let converged = started.elapsed();
     let pid = controller.pid();
     let (_, settled_rss, settled_cpu) = process_figures(pid)?;
+    let api_url = controller.api_url().await?;
+    let settled_heap = heap_figures(&http, &api_url).await;
 
     // Churn.
     let reloads_before: Vec<u64> = env.pods.iter().map(|pod| pod.reloads()).collect::<Result<_>>()?;
@@ -365,6 +385,7 @@ async fn main() -> Result<()> {
     let churn_for = Duration::from_secs(settings.seconds);
     let mut changes = 0usize;
     let mut peak_rss = 0;
+    let mut heap_at_peak = String::new();
     while churn_started.elapsed() < churn_for {
         ticker.tick().await;
         let turn = (changes / 4) % turns;
@@ -414,7 +435,11 @@ async fn main() -> Result<()> {
             }));
         }
         if changes.is_multiple_of(50) {
-            peak_rss = peak_rss.max(process_figures(pid)?.1);
+            let rss = process_figures(pid)?.1;
+            if rss > peak_rss {
+                peak_rss = rss;
+                heap_at_peak = heap_figures(&http, &api_url).await;
+            }
         }
     }
     let churned = churn_started.elapsed();
@@ -530,6 +555,10 @@ async fn main() -> Result<()> {
     for line in errors.iter().take(5) {
         println!("    {line}");
     }
+    println!(
+        "  jemalloc (MiB): in sync {settled_heap}; at the highest sample {heap_at_peak}; at the end {}",
+        heap_figures(&http, &api_url).await
+    );
     // Where a pod's turn goes: the controller's own timings over the whole run.
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     println!("  where the time went (the controller's metrics, whole run): {}", time_spent(&metrics));
