@@ -44,8 +44,8 @@ pub struct HeapFigures {
     pub active: usize,
     /// jemalloc's own bookkeeping.
     pub metadata: usize,
-    /// Bytes in pages resident in memory that jemalloc maps (active, metadata and freed pages
-    /// not yet handed back).
+    /// At most this many bytes of jemalloc's pages are resident (active, metadata and freed
+    /// pages not yet handed back; pages never touched count too, so it can exceed the RSS).
     pub resident: usize,
     /// Bytes in the extents jemalloc has mapped and uses.
     pub mapped: usize,
