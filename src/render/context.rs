@@ -1574,9 +1574,6 @@ mod tests {
         assert_eq!(rendered, "3 a1 c1 a1,b1,c1 abc");
     }
 
-    /// A collector written over the last render's items holds exactly what this render pushed,
-    /// in order, whatever it started from; an object already in its place is kept (not
-    /// copied), anything else is what was pushed, even text equal to what was there.
     /// A reused block's claims are made all or none: one that would come out otherwise takes
     /// back those made before it (the block is rendered instead, and claims again).
     #[test]
@@ -1629,6 +1626,9 @@ mod tests {
         }
 
         proptest! {
+            /// A collector written over the last render's items holds exactly what this render pushed,
+            /// in order, whatever it started from; an object already in its place is kept (not
+            /// copied), anything else is what was pushed, even text equal to what was there.
             #[test]
             fn a_collector_holds_what_this_render_pushed(
                 before in proptest::collection::vec(0usize..6, 0..12),
