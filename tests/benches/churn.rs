@@ -228,8 +228,6 @@ fn time_spent(metrics: &str) -> String {
         .join(", ")
 }
 
-/// How many renders took at most each bucket's time (`le`), from the render histogram: a few
-/// slow renders and many slow ones are different problems.
 /// jemalloc's figures in the controller's metrics now (`haptic_heap_bytes`), in MiB, or why
 /// there are none.
 async fn heap_figures(http: &reqwest::Client, api_url: &str) -> String {
@@ -237,15 +235,24 @@ async fn heap_figures(http: &reqwest::Client, api_url: &str) -> String {
         Ok(response) => response.text().await,
         Err(error) => Err(error),
     };
-    let Ok(metrics) = metrics else { return "(no metrics)".to_owned() };
+    match metrics {
+        Ok(metrics) => heap_line(&metrics),
+        Err(_) => "(no metrics)".to_owned(),
+    }
+}
+
+/// jemalloc's figures in a scrape of the controller's metrics, in MiB.
+fn heap_line(metrics: &str) -> String {
     ["allocated", "active", "metadata", "resident", "retained"]
         .map(|kind| {
-            let bytes = env::measure::metric_sum(&metrics, &format!("haptic_heap_bytes{{kind=\"{kind}\"}}"));
+            let bytes = env::measure::metric_sum(metrics, &format!("haptic_heap_bytes{{kind=\"{kind}\"}}"));
             format!("{kind} {:.1}", bytes / 1048576.0)
         })
         .join(", ")
 }
 
+/// How many renders took at most each bucket's time (`le`), from the render histogram: a few
+/// slow renders and many slow ones are different problems.
 fn render_spread(metrics: &str) -> String {
     let mut counted = 0.0;
     let mut buckets = Vec::new();
@@ -555,12 +562,13 @@ async fn main() -> Result<()> {
     for line in errors.iter().take(5) {
         println!("    {line}");
     }
+    // One scrape for the figures at the end: the heap and where a pod's turn went.
+    let metrics = http.get(format!("{api_url}/metrics")).send().await?.text().await?;
     println!(
         "  jemalloc (MiB; `allocated` counts ~27 MiB sled never touches): in sync {settled_heap}; at the highest sample {heap_at_peak}; at the end {}",
-        heap_figures(&http, &api_url).await
+        heap_line(&metrics)
     );
     // Where a pod's turn goes: the controller's own timings over the whole run.
-    let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     println!("  where the time went (the controller's metrics, whole run): {}", time_spent(&metrics));
     println!("  renders by duration: {}", render_spread(&metrics));
     let reused = env::measure::metric_sum(&metrics, "haptic_render_blocks_total{outcome=\"reused\"}");
