@@ -85,8 +85,18 @@ impl MapView {
     }
 }
 
+/// The most members a map has for its members to be looked through in turn rather than by
+/// binary search (most of a Kubernetes object's maps have fewer).
+const SCANNED_MEMBERS: usize = 16;
+
 /// The member `key` of a map's members.
 pub fn member<'a>(members: &'a [(Arc<str>, Node)], key: &str) -> Option<&'a Node> {
+    // A key's length is in the entry itself, so a scan reads no other key's text unless the
+    // lengths match: a binary search compared the text of about log2(n) keys, each a call to
+    // `memcmp`, and member lookups were a tenth of a full render at 10,000 Ingresses.
+    if members.len() <= SCANNED_MEMBERS {
+        return members.iter().find(|(k, _)| k.len() == key.len() && **k == *key).map(|(_, node)| node);
+    }
     members.binary_search_by(|(k, _)| (**k).cmp(key)).ok().map(|at| &members[at].1)
 }
 
@@ -534,6 +544,23 @@ mod tests {
 
     fn value(json: Json) -> Value {
         Node::from_json(json).to_value()
+    }
+
+    proptest::proptest! {
+        /// A map's members are found by key whether it is scanned (few members) or searched
+        /// (many), and a key it lacks is found in neither, however keys share lengths.
+        #[test]
+        fn a_member_is_found_by_its_key_in_maps_of_any_size(
+            keys in proptest::collection::btree_set("[a-c]{0,3}", 0..40),
+            absent in "[a-c]{0,3}",
+        ) {
+            let members: Vec<(Arc<str>, Node)> =
+                keys.iter().enumerate().map(|(at, key)| (Arc::from(key.as_str()), Node::Unsigned(at as u64))).collect();
+            for (at, key) in keys.iter().enumerate() {
+                proptest::prop_assert!(matches!(member(&members, key), Some(Node::Unsigned(n)) if *n == at as u64));
+            }
+            proptest::prop_assert_eq!(member(&members, &absent).is_some(), keys.contains(&absent));
+        }
     }
 
     #[test]
