@@ -316,54 +316,6 @@ proptest! {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 48,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Off)),
-        ..ProptestConfig::default()
-    })]
-
-    /// A full render whose blocks a second thread renders ahead gives what one thread gives:
-    /// the same files, server slots and errors, from slots that fit the endpoints, from slots of
-    /// an earlier cluster, and from none; with Ingresses that claim the same host and path.
-    /// Where the two threads meet differs from run to run, so each case renders three times.
-    #[test]
-    fn blocks_rendered_ahead_render_what_one_thread_renders(
-        mut world in start(),
-        changes in prop::collection::vec(change(), 0..10),
-        slots_from_earlier in any::<bool>(),
-    ) {
-        let earlier = Renderer::compile(&config().spec).expect("the chart's configuration compiles");
-        let _ = earlier.render_leaving_out(&stores(&world.objects(), None), &[], 8);
-        for change in &changes {
-            world.apply(change);
-        }
-        let current = stores(&world.objects(), None);
-        let one_thread = Renderer::compile(&config().spec).expect("compiles").rendering_ahead_from(None);
-        if slots_from_earlier {
-            one_thread.seed_slots(earlier.slots());
-        }
-        let expected = one_thread.render_leaving_out(&current, &[], 8);
-        let text = |errors: &[haptic::render::RenderError]| errors.iter().map(ToString::to_string).collect::<Vec<_>>();
-        for _ in 0..3 {
-            let two_threads = Renderer::compile(&config().spec).expect("compiles").rendering_ahead_from(Some(2));
-            if slots_from_earlier {
-                two_threads.seed_slots(earlier.slots());
-            }
-            match (two_threads.render_leaving_out(&current, &[], 8), &expected) {
-                (Ok((ahead, ahead_out)), Ok((expected, expected_out))) => {
-                    prop_assert_eq!(text(&ahead_out), text(expected_out));
-                    prop_assert_eq!(&ahead.haproxy_cfg.content, &expected.haproxy_cfg.content);
-                    prop_assert_eq!(&ahead, expected);
-                    prop_assert_eq!(two_threads.slots(), one_thread.slots());
-                }
-                (Err(ahead), Err(expected)) => prop_assert_eq!(ahead.to_string(), expected.to_string()),
-                (ahead, expected) => prop_assert!(false, "ahead {:?}, one thread {:?}", ahead.err(), expected.as_ref().err()),
-            }
-        }
-    }
-}
-
 /// Renders of `objects` by `config` as it is and by `config` keeping whole objects, with what
 /// haptic itself reads of the Services (their `status.loadBalancer`: publishService's address).
 fn rendered_kept_and_whole(config: &HAProxyTemplateConfig, objects: &[Json]) -> [String; 2] {

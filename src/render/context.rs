@@ -823,10 +823,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Shared state for a render that starts from what the last kept render handed on, with a
-    /// thread rendering blocks ahead in `render_each` calls of at least `ahead_from` items that
-    /// have none to reuse (`usize::MAX`: never).
-    pub(crate) fn starting_from(carried: Carried, ahead_from: usize) -> Self {
+    /// Shared state for a render that starts from what the last kept render handed on.
+    pub(crate) fn starting_from(carried: Carried) -> Self {
         // As many names as the last render had: sized once, not grown by rehashing.
         let expected = carried.name_counts;
         Self {
@@ -838,7 +836,7 @@ impl Shared {
             slots_before: carried.slots,
             slots_moved_before: carried.slots_moved,
             sorted_views: Arc::new(SortedCarry { before: carried.sorted_views, now: Default::default() }),
-            blocks: super::memo::RenderBlocks::reusing(carried.blocks, ahead_from),
+            blocks: super::memo::RenderBlocks::reusing(carried.blocks),
             collector_items_before: carried.collector_items,
             ..Self::default()
         }
@@ -892,9 +890,6 @@ impl Shared {
         read: impl FnOnce(&crate::plan::slots::SlotTable) -> R,
     ) -> R {
         use crate::plan::slots::{SlotTable, assign};
-        if super::memo::rendering_ahead() {
-            return self.with_slots_ahead(backend, endpoints, block, read);
-        }
         let table = {
             let Ok(mut assigned) = self.slots_assigned.lock() else {
                 return read(&assign(&SlotTable::default(), endpoints, block));
@@ -911,40 +906,6 @@ impl Shared {
         };
         super::memo::record_effect(|| super::memo::Effect::Slots { backend: backend.into(), table: table.clone() });
         read(&table)
-    }
-
-    /// `with_slots` for a block rendered ahead: the table is read, not written, and the block
-    /// notes the table it started from; the render's thread sets the table it left when it
-    /// takes the block (`RenderState::take_ahead`).
-    fn with_slots_ahead<R>(
-        &self,
-        backend: &str,
-        endpoints: &[crate::plan::slots::EndpointKey],
-        block: usize,
-        read: impl FnOnce(&crate::plan::slots::SlotTable) -> R,
-    ) -> R {
-        use crate::plan::slots::{SlotTable, assign};
-        let before = match self.slots_assigned.lock() {
-            Ok(assigned) => self.table_in(&assigned, backend).cloned(),
-            Err(_) => {
-                // Nothing to start from that the render's thread could check: it renders the block.
-                super::memo::record_uncacheable();
-                return read(&assign(&SlotTable::default(), endpoints, block));
-            }
-        };
-        let after = match &before {
-            Some(table) if table.holds_exactly(endpoints) => table.clone(),
-            current => {
-                Arc::new(assign(current.as_ref().map_or(&SlotTable::default(), |table| table), endpoints, block))
-            }
-        };
-        super::memo::record_effect(|| super::memo::Effect::Slots { backend: backend.into(), table: after.clone() });
-        super::memo::record_slot_base(|| super::memo::SlotBase {
-            backend: backend.into(),
-            before,
-            after: after.clone(),
-        });
-        read(&after)
     }
 
     /// A backend's slots now: as this render assigned them, else as they were.
@@ -978,10 +939,7 @@ impl Shared {
 
     fn add_cert_file(&self, name: String, file: crate::files::RenderedFile) {
         super::memo::record_effect(|| super::memo::Effect::Cert { name: name.clone(), file: Box::new(file.clone()) });
-        // Rendered ahead: kept when the block is taken (its effects replayed).
-        if !super::memo::rendering_ahead() {
-            self.keep_cert_file(name, file);
-        }
+        self.keep_cert_file(name, file);
     }
 
     fn keep_cert_file(&self, name: String, file: crate::files::RenderedFile) {
@@ -997,10 +955,7 @@ impl Shared {
 
     fn add_general_file(&self, name: String, file: crate::files::RenderedFile) {
         super::memo::record_effect(|| super::memo::Effect::File { name: name.clone(), file: Box::new(file.clone()) });
-        // Rendered ahead: kept when the block is taken (its effects replayed).
-        if !super::memo::rendering_ahead() {
-            self.keep_general_file(name, file);
-        }
+        self.keep_general_file(name, file);
     }
 
     fn keep_general_file(&self, name: String, file: crate::files::RenderedFile) {
@@ -1049,7 +1004,6 @@ impl Shared {
     /// attribute, the first of each value only, and only those whose `claim_prefix ~ value`
     /// collector this call claims (a backend rendered once whichever loop reaches it first).
     fn distinct(&self, collector: &str, attribute: &Value, claim_prefix: &str) -> Result<Value, Error> {
-        read_ahead_of_its_place()?;
         let sorted = self.collector(collector)?.sorted(attribute, false)?;
         let attribute = attribute.as_str().unwrap_or_default();
         let mut chosen = Vec::new();
@@ -1255,26 +1209,6 @@ impl super::memo::RenderState for RenderNow<'_> {
         untouched || self.shared.table_in(&assigned, backend) == Some(table)
     }
 
-    fn take_ahead(&self, effects: &[super::memo::Effect], bases: &[super::memo::SlotBase]) -> bool {
-        if bases.is_empty() {
-            return self.claim_as_before(effects);
-        }
-        // Held throughout: the tables are checked, the claims made and the tables set as one.
-        let Ok(mut assigned) = self.shared.slots_assigned.lock() else { return false };
-        if !bases.iter().all(|base| self.shared.table_in(&assigned, &base.backend) == base.before.as_ref())
-            || !self.claim_as_before(effects)
-        {
-            return false;
-        }
-        // As `Shared::with_slots` does: a table is set only where the block made a new one.
-        for base in bases {
-            if !base.before.as_ref().is_some_and(|before| Arc::ptr_eq(before, &base.after)) {
-                assigned.insert(base.backend.to_string(), base.after.clone());
-            }
-        }
-        true
-    }
-
     fn replay(&self, effect: &super::memo::Effect) {
         use super::memo::Effect;
         match effect {
@@ -1308,9 +1242,6 @@ impl Object for Shared {
                 claim_prefix.as_str().unwrap_or_default(),
             ),
             ("render_each", [template, items, name, rest @ ..]) if rest.len() <= 1 => {
-                // Calls are told apart by their order in the render, which a block rendered
-                // ahead does not know.
-                read_ahead_of_its_place()?;
                 let resources = state.lookup("resources");
                 let resources =
                     resources.as_ref().and_then(|r| r.downcast_object_ref::<Resources>()).ok_or_else(|| {
@@ -1413,24 +1344,9 @@ pub(crate) fn object_address(value: &Value) -> Option<*const ()> {
     value.downcast_object_ref::<TrackedObject>().map(|object| std::ptr::from_ref(object).cast())
 }
 
-/// Fails a block rendered ahead that reads what the blocks before it decide (a shared
-/// collector's items, `distinct`, a nested `render_each`): the render's own thread renders it.
-fn read_ahead_of_its_place() -> Result<(), Error> {
-    if !super::memo::rendering_ahead() {
-        return Ok(());
-    }
-    super::memo::record_uncacheable();
-    Err(Error::new(ErrorKind::InvalidOperation, "read ahead of its place in the render"))
-}
-
 impl Collector {
     fn items(&self) -> Vec<Value> {
         self.read_by_block();
-        // Rendered ahead: the block is not taken (`read_by_block` marked it), and the items,
-        // pushes still to come before them, are left as they are.
-        if self.name.is_some() && super::memo::rendering_ahead() {
-            return Vec::new();
-        }
         self.items.lock().map(|mut items| items.settled().clone()).unwrap_or_default()
     }
 
@@ -1445,10 +1361,6 @@ impl Collector {
     fn push(&self, value: Value) {
         if let Some(name) = &self.name {
             super::memo::record_effect(|| super::memo::Effect::Push { collector: name.clone(), value: value.clone() });
-            // Rendered ahead: pushed when the block is taken (its effects replayed).
-            if super::memo::rendering_ahead() {
-                return;
-            }
         }
         if let Ok(mut items) = self.items.lock() {
             items.push(value);
@@ -1460,11 +1372,6 @@ impl Collector {
         let Some((name, claimed)) = &self.claim else {
             return !self.claimed.swap(true, std::sync::atomic::Ordering::Relaxed);
         };
-        // Rendered ahead: assumed won, and made (or the block rendered again) when it is taken.
-        if super::memo::rendering_ahead() {
-            super::memo::record_effect(|| super::memo::Effect::Claim { name: *name, won: true });
-            return true;
-        }
         let won = claimed.lock().is_ok_and(|mut claims| claims.insert(*name));
         super::memo::record_effect(|| super::memo::Effect::Claim { name: *name, won });
         won
@@ -1473,10 +1380,6 @@ impl Collector {
     /// The items ordered by one attribute (stable, so equal keys keep their push order).
     fn sorted(&self, attribute: &Value, reverse: bool) -> Result<Value, Error> {
         self.read_by_block();
-        if self.name.is_some() {
-            // Nor is a sort of items still to come kept for the render to reuse.
-            read_ahead_of_its_place()?;
-        }
         let attribute = attribute
             .as_str()
             .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "sorted(attribute) takes an attribute name"))?
@@ -1679,7 +1582,7 @@ mod tests {
         use super::{Carried, RenderNow, Resources, Shared};
 
         let resources = Resources::new(&Default::default(), &Default::default());
-        let shared = Shared::starting_from(Carried::default(), usize::MAX);
+        let shared = Shared::starting_from(Carried::default());
         let now = RenderNow::new(&resources, &shared);
         let (mine, taken) = (name_fingerprint("backend/mine"), name_fingerprint("backend/taken"));
         shared.claimed_names.lock().unwrap().insert(taken);

@@ -291,20 +291,6 @@ struct Recording {
     effects: Vec<Effect>,
     /// False once the block read something that cannot be checked later.
     cacheable: bool,
-    /// The server slot tables a block rendered ahead started from (none otherwise).
-    slot_bases: Vec<SlotBase>,
-}
-
-/// A backend's server slots as a block rendered ahead found them and left them: it is taken
-/// into the render only if the backend still has the table it started from.
-#[derive(Debug)]
-pub(crate) struct SlotBase {
-    /// The backend.
-    pub(crate) backend: Arc<str>,
-    /// Its table when the block read it (none: the backend had none).
-    pub(crate) before: Option<Arc<SlotTable>>,
-    /// Its table after the block.
-    pub(crate) after: Arc<SlotTable>,
 }
 
 /// The recordings of the blocks being rendered, and emptied ones whose room the next block
@@ -331,38 +317,11 @@ struct Recorded {
     reads: Box<[Read]>,
     effects: Box<[Effect]>,
     cacheable: bool,
-    slot_bases: Vec<SlotBase>,
 }
 
 thread_local! {
     /// Renders are synchronous on one thread: its blocks' recordings.
     static RECORDINGS: RefCell<Recordings> = const { RefCell::new(Recordings { active: Vec::new(), spare: Vec::new() }) };
-    /// Whether this thread renders blocks ahead of the render (see `render_each`).
-    static RENDERING_AHEAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether this thread renders blocks ahead of the render, for the render's own thread to take
-/// in order: the render's shared state is then only read, never written. What a block does to
-/// it is recorded as its effects (applied when the block is taken), a claim is assumed won
-/// (checked when the block is taken), and what depends on the blocks before it (a shared
-/// collector's items, `distinct`, a nested `render_each`) fails the block, which the render's
-/// thread then renders itself.
-pub(crate) fn rendering_ahead() -> bool {
-    RENDERING_AHEAD.with(std::cell::Cell::get)
-}
-
-/// Notes the slot table a block rendered ahead started from and the one it left.
-pub(crate) fn record_slot_base(base: impl FnOnce() -> SlotBase) {
-    RECORDINGS.with(|recordings| {
-        if let Some(recording) = recordings.borrow_mut().active.last_mut() {
-            recording.slot_bases.push(base());
-        }
-    });
-}
-
-/// Whether a block is being rendered on this thread (a `render_each` call is then nested).
-fn recording_now() -> bool {
-    RECORDINGS.with(|recordings| !recordings.borrow().active.is_empty())
 }
 
 /// Starts recording a block being rendered (inside any block being rendered already).
@@ -380,18 +339,12 @@ fn finish_recording() -> Recorded {
     RECORDINGS.with(|recordings| {
         let mut recordings = recordings.borrow_mut();
         let Some(mut recording) = recordings.active.pop() else {
-            return Recorded {
-                reads: Box::default(),
-                effects: Box::default(),
-                cacheable: false,
-                slot_bases: Vec::new(),
-            };
+            return Recorded { reads: Box::default(), effects: Box::default(), cacheable: false };
         };
         let recorded = Recorded {
             reads: recording.reads.drain(..).collect(),
             effects: recording.effects.drain(..).collect(),
             cacheable: recording.cacheable,
-            slot_bases: std::mem::take(&mut recording.slot_bases),
         };
         if recording.reads.capacity() <= SPARE_ROOM
             && recording.effects.capacity() <= SPARE_ROOM
@@ -515,8 +468,6 @@ pub(crate) struct RenderBlocks {
     calls: Mutex<HashMap<Fingerprint, usize, BuildHasherDefault<KeyHasher>>>,
     used: Mutex<Blocks>,
     counts: Mutex<BlockCounts>,
-    /// The fewest items a call with nothing to reuse has for a thread to render blocks ahead.
-    ahead_from: usize,
 }
 
 /// How many blocks a render reused and how many it rendered.
@@ -529,10 +480,9 @@ pub struct BlockCounts {
 }
 
 impl RenderBlocks {
-    /// A render that may reuse `previous`, with a thread rendering blocks ahead in calls of at
-    /// least `ahead_from` items that have none to reuse.
-    pub(crate) fn reusing(previous: Arc<Blocks>, ahead_from: usize) -> Self {
-        Self { previous, ahead_from, ..Self::default() }
+    /// A render that may reuse `previous`.
+    pub(crate) fn reusing(previous: Arc<Blocks>) -> Self {
+        Self { previous, ..Self::default() }
     }
 
     /// The blocks this render used, to be reused by the next.
@@ -665,10 +615,6 @@ pub(crate) trait RenderState {
     fn claim_as_before(&self, effects: &[Effect]) -> bool;
     /// Whether a backend's server slots are `table` now.
     fn slots_are(&self, backend: &str, table: &Arc<SlotTable>) -> bool;
-    /// Takes a block rendered ahead into the render, all or none: its backends still have the
-    /// slot tables it started from (`bases`) and its claims, assumed won, are won. Then its
-    /// claims are made and its slot tables set; false, and nothing changed, otherwise.
-    fn take_ahead(&self, effects: &[Effect], bases: &[SlotBase]) -> bool;
     /// Replays one effect.
     fn replay(&self, effect: &Effect);
 }
@@ -765,7 +711,7 @@ pub(crate) fn render_each(
     let mut run: Vec<KeyedBlock> = Vec::with_capacity(previous.map_or(0, |run| run.blocks.len()));
     let mut output = String::with_capacity(previous.map_or(0, |run| run.output_len));
     let mut counts = BlockCounts::default();
-    let mut each = |item: &Value, ahead: Option<Ahead>| -> Result<(), Error> {
+    let mut each = |item: &Value| -> Result<(), Error> {
         let (key, found) = match finder.same_item_at_cursor(item) {
             Some((key, block)) => (Some(key), Some(block)),
             None => {
@@ -792,25 +738,6 @@ pub(crate) fn render_each(
             return Ok(());
         }
         counts.rendered += 1;
-        if let Some(ahead) = ahead
-            && now.take_ahead(&ahead.effects, &ahead.slot_bases)
-        {
-            for effect in &ahead.effects {
-                now.replay(effect);
-            }
-            output.push_str(&ahead.output);
-            let block = Arc::new(Block {
-                reads: ahead.reads,
-                effects: ahead.effects,
-                output: ahead.output.into_boxed_str(),
-                item: super::context::object_address(item).map(|_| item.clone()),
-            });
-            hand_to_parent(&block);
-            if let Some(key) = key {
-                run.push((key, block));
-            }
-            return Ok(());
-        }
         let context = BlockContext { given: given.clone(), name: name_shared.clone(), item: item.clone() };
         start_recording();
         let rendered = compiled.render(Value::from_object(context));
@@ -831,34 +758,21 @@ pub(crate) fn render_each(
         }
         Ok(())
     };
-    // A call with no blocks of its own to reuse (a render after a start or a new configuration)
-    // renders each block: a second thread renders blocks from the back of the list while this
-    // one renders from the front (see `render_split`). Not inside a block: its reads and
-    // effects are handed to the block around it in order.
-    let split = previous.is_none()
-        && prefix.is_some()
-        && blocks.ahead_from < usize::MAX
-        && !recording_now()
-        && !rendering_ahead();
-    if split {
-        let items = item_list(items)?;
-        if items.len() >= blocks.ahead_from.max(2) {
-            render_split(&compiled, &given, &name_shared, &items, &mut each)?;
-        } else {
-            items.iter().try_for_each(|item| each(item, None))?;
-        }
     // Lists and listings are read in place: each item taken out as a value of its own was a
     // count up and down on a shared object, tens of thousands of them per render (a fifth of a
     // render that reused every block was such counts, on objects far apart in memory).
-    } else if let Some(list) = super::context::list_items(items) {
-        list.iter().try_for_each(|item| each(item, None))?;
+    if let Some(list) = super::context::list_items(items) {
+        list.iter().try_for_each(&mut each)?;
     } else if let Some(listing) = super::context::listed_items(items) {
-        listing.iter().try_for_each(|item| each(item, None))?;
+        listing.iter().try_for_each(&mut each)?;
     } else if let Some(mut picked) = super::context::picked_items(items) {
-        picked.try_for_each(|item| each(item, None))?;
+        picked.try_for_each(&mut each)?;
     } else {
-        for item in item_iter(items)? {
-            each(&item, None)?;
+        let items = items.try_iter().map_err(|_| {
+            Error::new(ErrorKind::InvalidOperation, "render_each: items is a list to render a block for")
+        })?;
+        for item in items {
+            each(&item)?;
         }
     }
     if let Some(call) = call {
@@ -869,135 +783,6 @@ pub(crate) fn render_each(
         total.rendered += counts.rendered;
     }
     Ok(super::library::VettedLines(output))
-}
-
-/// The items of a `render_each` call, as a list to split between two threads.
-fn item_list(items: &Value) -> Result<Vec<Value>, Error> {
-    if let Some(list) = super::context::list_items(items) {
-        return Ok(list.to_vec());
-    }
-    if let Some(listing) = super::context::listed_items(items) {
-        return Ok(listing.iter().cloned().collect());
-    }
-    if let Some(picked) = super::context::picked_items(items) {
-        return Ok(picked.cloned().collect());
-    }
-    Ok(item_iter(items)?.collect())
-}
-
-/// The items of a `render_each` call that is not a list haptic made.
-fn item_iter(items: &Value) -> Result<minijinja::value::ValueIter, Error> {
-    items
-        .try_iter()
-        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "render_each: items is a list to render a block for"))
-}
-
-/// A block rendered ahead (see [`rendering_ahead`]), not yet taken into the render.
-struct Ahead {
-    output: String,
-    reads: Box<[Read]>,
-    effects: Box<[Effect]>,
-    slot_bases: Vec<SlotBase>,
-}
-
-/// What a call does with each item in turn, given the item's block if one was rendered ahead.
-type TakeBlock<'a> = dyn FnMut(&Value, Option<Ahead>) -> Result<(), Error> + 'a;
-
-/// Which items of a call each thread renders: the render's own thread from the front, the
-/// thread rendering ahead from the back, until the two meet.
-struct Split {
-    /// The items before it are the render's own thread's.
-    front: usize,
-    /// The items from it on are the other thread's.
-    back: usize,
-}
-
-/// Renders a call's blocks on two threads: this one from the front, as a call always does, and
-/// another from the back, ahead of the render. When they meet, this thread takes each block
-/// rendered ahead into the render in order, if what it assumed still holds (its backends' slot
-/// tables are those it started from and its claims are won: `RenderState::take_ahead`), and
-/// renders it itself otherwise. A full render at 10,000 Ingresses spends most of its time in
-/// calls like these, and a controller's host has a core that is idle meanwhile.
-fn render_split(
-    compiled: &minijinja::Template<'_, '_>,
-    given: &Arc<[(String, Value)]>,
-    name: &Arc<str>,
-    items: &[Value],
-    each: &mut TakeBlock<'_>,
-) -> Result<(), Error> {
-    let split = Mutex::new(Split { front: 0, back: items.len() });
-    std::thread::scope(|scope| {
-        let ahead = std::thread::Builder::new()
-            .name("haptic-render-ahead".into())
-            .spawn_scoped(scope, || render_ahead(compiled, given, name, items, &split));
-        let Ok(ahead) = ahead else {
-            // No thread to be had: every block rendered here.
-            return items.iter().try_for_each(|item| each(item, None));
-        };
-        let mut at = 0;
-        while split.lock().is_ok_and(|mut split| {
-            let mine = at < split.back;
-            if mine {
-                split.front = at + 1;
-            }
-            mine
-        }) {
-            if let Err(error) = each(&items[at], None) {
-                // The other thread stops after the block it is rendering.
-                if let Ok(mut split) = split.lock() {
-                    split.front = usize::MAX;
-                }
-                return Err(error);
-            }
-            at += 1;
-        }
-        let (first, rendered) = ahead.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        for item in items.get(at..first).unwrap_or_default() {
-            each(item, None)?;
-        }
-        for (item, ahead) in items.get(first..).unwrap_or_default().iter().zip(rendered) {
-            each(item, ahead)?;
-        }
-        Ok(())
-    })
-}
-
-/// The other thread of [`render_split`]: renders blocks from the back of `items` until it meets
-/// the render's own thread. Answers the first item it rendered and, for each item from there
-/// on, its block (none where it could not be rendered ahead: an error, or a read of what the
-/// blocks before it decide).
-fn render_ahead(
-    compiled: &minijinja::Template<'_, '_>,
-    given: &Arc<[(String, Value)]>,
-    name: &Arc<str>,
-    items: &[Value],
-    split: &Mutex<Split>,
-) -> (usize, Vec<Option<Ahead>>) {
-    RENDERING_AHEAD.with(|ahead| ahead.set(true));
-    let mut rendered = Vec::new();
-    let mut first = items.len();
-    loop {
-        let next = split.lock().ok().and_then(|mut split| {
-            (split.back > split.front).then(|| {
-                split.back -= 1;
-                split.back
-            })
-        });
-        let Some(at) = next else { break };
-        let context = BlockContext { given: given.clone(), name: name.clone(), item: items[at].clone() };
-        start_recording();
-        let output = compiled.render(Value::from_object(context));
-        let recorded = finish_recording();
-        rendered.push(output.ok().filter(|_| recorded.cacheable).map(|output| Ahead {
-            output,
-            reads: recorded.reads,
-            effects: recorded.effects,
-            slot_bases: recorded.slot_bases,
-        }));
-        first = at;
-    }
-    rendered.reverse();
-    (first, rendered)
 }
 
 /// What one block sees: its item under its name, and what every block of the call is given
@@ -1061,7 +846,7 @@ mod tests {
             .collect();
         let mut previous = Blocks::default();
         previous.0.insert(call, Run { blocks, output_len: 0 });
-        (RenderBlocks::reusing(Arc::new(previous), usize::MAX), call)
+        (RenderBlocks::reusing(Arc::new(previous)), call)
     }
 
     /// Which of `keys`, in this order, find their block of the last render.

@@ -136,14 +136,7 @@ pub struct Renderer {
     last_files: std::sync::Mutex<BTreeMap<String, (memo::Fingerprint, crate::files::Checksum)>>,
     /// How many blocks the last successful kept render reused and rendered.
     last_block_counts: std::sync::Mutex<BlockCounts>,
-    /// The fewest items a `render_each` call with no blocks to reuse has for a second thread to
-    /// render blocks ahead (`usize::MAX`: never).
-    render_ahead_from: usize,
 }
-
-/// The fewest items a `render_each` call with no blocks to reuse has for a second thread to
-/// render blocks ahead: starting a thread costs about as much as rendering a few blocks.
-pub const RENDER_AHEAD_FROM: usize = 64;
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
 /// function called outside a render has none.
@@ -379,16 +372,7 @@ impl Renderer {
             gateway_status: Default::default(),
             last_files: Default::default(),
             last_block_counts: Default::default(),
-            render_ahead_from: RENDER_AHEAD_FROM,
         })
-    }
-
-    /// This renderer with a second thread rendering blocks ahead in `render_each` calls of at
-    /// least `items` items that have no blocks to reuse, or never (`None`); by default from
-    /// [`RENDER_AHEAD_FROM`]. What is rendered is the same either way.
-    pub fn rendering_ahead_from(mut self, items: Option<usize>) -> Self {
-        self.render_ahead_from = items.unwrap_or(usize::MAX);
-        self
     }
 
     /// Starts from these server slots (as a journal recorded them), unless slots were assigned
@@ -444,7 +428,7 @@ impl Renderer {
         // moves no server.
         let carried = self.carried.lock().map(|carried| carried.clone()).unwrap_or_default();
         let resources = Value::from_object(context::Resources::new(stores, &carried.listings));
-        let shared = Value::from_object(context::Shared::starting_from(carried, self.render_ahead_from));
+        let shared = Value::from_object(context::Shared::starting_from(carried));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
         let gateway = self.gateway.as_ref().map(|settings| {
