@@ -12,10 +12,10 @@
 /// run one at a time, and each more arena keeps its own partly used pages), no thread caches
 /// (`tcache:false`: each of the controller's dozen threads — tokio's workers and blocking
 /// pool, sled's — kept freed small objects of its own; under churn at 10,000 Ingresses that
-/// was 13 MiB of the peak, at no CPU cost measured there, though a render from nothing takes a
-/// third longer: docs/benchmarks.md), freed pages handed back by jemalloc's own background
-/// thread within a second (`dirty_decay_ms`) and at once after that (`muzzy_decay_ms:0`: no
-/// lazily freed stage that still counts as resident).
+/// was 13 MiB of the peak; a render, which without one took a third longer, gets one for its
+/// length: [`with_thread_cache`]; docs/benchmarks.md), freed pages handed back by jemalloc's
+/// own background thread within a second (`dirty_decay_ms`) and at once after that
+/// (`muzzy_decay_ms:0`: no lazily freed stage that still counts as resident).
 pub const JEMALLOC_SETTINGS: &str =
     "background_thread:true,narenas:1,tcache:false,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
@@ -82,6 +82,31 @@ pub fn heap_figures() -> Option<HeapFigures> {
     })
 }
 
+/// Runs `work` with a jemalloc thread cache on this thread, and hands the cache back (its freed
+/// objects to the arena, its own memory to jemalloc) when `work` ends, returns or unwinds.
+///
+/// Why: the compiled-in settings turn thread caches off, which saves the idle caches of a dozen
+/// threads but makes a render from nothing, which allocates and frees millions of small
+/// objects, a third slower. A render is one thread's burst: it gets a cache for its length.
+/// Where the thread already has a cache (jemalloc's default settings), nothing changes.
+pub fn with_thread_cache<T>(work: impl FnOnce() -> T) -> T {
+    use tikv_jemalloc_ctl::{Access, AsName};
+    /// Turns this thread's cache back off when dropped.
+    struct CacheBack;
+    impl Drop for CacheBack {
+        fn drop(&mut self) {
+            // Turning the cache off flushes it and frees it (jemalloc's `tcache_cleanup`).
+            let _ = b"thread.tcache.enabled\0".name().write(false);
+        }
+    }
+    let enabled = b"thread.tcache.enabled\0".name();
+    let had_one: bool = enabled.read().unwrap_or(true);
+    // Made only when this call turned the cache on (a guard made and dropped at once would
+    // turn a cache the thread had off).
+    let _back = if !had_one && enabled.write(true).is_ok() { Some(CacheBack) } else { None };
+    work()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -99,5 +124,26 @@ mod tests {
         assert!(figures.active <= figures.resident, "{figures:?}");
         assert!(figures.active <= figures.mapped, "{figures:?}");
         assert_eq!(figures.named().len(), 6);
+    }
+
+    /// A thread without a cache has one while the work runs and none after; one that had a
+    /// cache keeps it.
+    #[test]
+    fn a_thread_cache_lasts_as_long_as_the_work() {
+        use tikv_jemalloc_ctl::{Access, AsName};
+        let enabled = || -> bool { b"thread.tcache.enabled\0".name().read().expect("jemalloc answers") };
+        std::thread::spawn(move || {
+            b"thread.tcache.enabled\0".name().write(false).expect("jemalloc answers");
+            assert!(super::with_thread_cache(enabled));
+            assert!(!enabled());
+            let unwound = std::panic::catch_unwind(|| super::with_thread_cache(|| panic!("a render that fails")));
+            assert!(unwound.is_err());
+            assert!(!enabled(), "the cache is handed back when the work unwinds");
+            b"thread.tcache.enabled\0".name().write(true).expect("jemalloc answers");
+            assert!(super::with_thread_cache(enabled));
+            assert!(enabled(), "a cache the thread had stays");
+        })
+        .join()
+        .expect("the thread ends");
     }
 }

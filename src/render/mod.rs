@@ -421,6 +421,12 @@ impl Renderer {
     }
 
     fn render_keeping(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
+        // A render allocates and frees millions of small objects; the process's settings give
+        // threads no allocation cache, so this one gets one for the render's length.
+        crate::memory::with_thread_cache(|| self.render_cached(stores, pods, keep))
+    }
+
+    fn render_cached(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
         context::reset_tracking();
         memo::reset_recordings();
         // A render starts from what the last kept render handed on and hands on only if the

@@ -92,6 +92,12 @@ unsafe impl GlobalAlloc for CountingAllocator {
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
+/// jemalloc's settings as the `haptic` binary compiles them in (one arena, no thread caches but
+/// the render's own), so a render here allocates as the controller's does.
+#[used]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: &[u8; haptic::memory::JEMALLOC_CONF.len()] = haptic::memory::JEMALLOC_CONF;
+
 fn example_config() -> HAProxyTemplateConfig {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/examples/config.yaml");
     haptic::offline::load_config(&path).expect("example config")
