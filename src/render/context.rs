@@ -7,7 +7,7 @@ use std::sync::Arc;
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
-use crate::store::{ObjectRef, ResourceStore, StoredObject, Stores};
+use crate::store::{IndexKey, ObjectRef, ResourceStore, StoredObject, Stores};
 
 thread_local! {
     /// The stored object a template touched last, named in render errors. Renders are
@@ -321,10 +321,11 @@ impl StoreView {
     }
 
     /// Notes, for the block being rendered (if any), what a lookup found.
-    fn record_lookup(&self, key: &[String], found: &[&Arc<StoredObject>]) {
+    fn record_lookup(&self, key: &IndexKey, found: &[&Arc<StoredObject>]) {
         super::memo::record_read(|| {
-            // The store's own copy of the key, when it has one: no second copy per block.
-            let key = found.first().and_then(|object| object.index_key.clone()).unwrap_or_else(|| key.into());
+            // The store's own copy of the key, when it has one: the one asked for is dropped
+            // with the render, and the store's is shared with the store.
+            let key = found.first().and_then(|object| object.index_key.clone()).unwrap_or_else(|| key.clone());
             super::memo::Read::Lookup {
                 alias: self.alias.clone(),
                 generation: super::memo::AtomicGeneration::new(self.store.generation()),
@@ -336,7 +337,7 @@ impl StoreView {
     }
 
     /// Whether the store holds exactly `found` under `key`.
-    fn finds(&self, key: &[String], found: &[super::memo::Identity]) -> bool {
+    fn finds(&self, key: &IndexKey, found: &[super::memo::Identity]) -> bool {
         let mut now = self.store.lookup(key);
         found.iter().all(|identity| now.next().is_some_and(|object| (object.content, object.ignored) == *identity))
             && now.next().is_none()
@@ -351,7 +352,7 @@ impl StoreView {
         self.listing.get_or_init(|| listing(&self.store, self.listed_before.as_ref()))
     }
 
-    fn index_key(&self, method: &str, args: &[Value]) -> Result<Vec<String>, Error> {
+    fn index_key(&self, method: &str, args: &[Value]) -> Result<IndexKey, Error> {
         let paths = self.store.index_by();
         if args.len() != paths.len() {
             let names: Vec<_> = paths.iter().map(ToString::to_string).collect();
@@ -366,16 +367,20 @@ impl StoreView {
                 ),
             ));
         }
-        args.iter()
+        let values = args
+            .iter()
             .map(|arg| match arg.as_str() {
-                Some(text) => Ok(text.to_owned()),
-                None if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool => Ok(arg.to_string()),
+                Some(text) => Ok(std::borrow::Cow::Borrowed(text)),
+                None if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool => {
+                    Ok(std::borrow::Cow::Owned(arg.to_string()))
+                }
                 None => Err(Error::new(
                     ErrorKind::InvalidOperation,
                     format!("resources.{}.{method}: index keys are strings or numbers, got {arg:?}", self.alias),
                 )),
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(IndexKey::new(values))
     }
 }
 
@@ -415,7 +420,7 @@ impl Object for StoreView {
                         format!(
                             "resources.{}.get({}) matches more than one object ({}, {}, ...); use fetch",
                             self.alias,
-                            key.join(", "),
+                            key.values().collect::<Vec<_>>().join(", "),
                             first.reference,
                             second.reference
                         ),
@@ -1165,13 +1170,13 @@ impl super::memo::RenderState for RenderNow<'_> {
         &self,
         alias: &Arc<str>,
         generation: u64,
-        key: &[String],
+        key: &crate::store::IndexKey,
         digest: crate::store::KeyDigest,
     ) -> Option<bool> {
         self.view(alias)?.store.untouched_since(generation, key, digest)
     }
 
-    fn finds(&self, alias: &Arc<str>, key: &[String], found: &[super::memo::Identity]) -> bool {
+    fn finds(&self, alias: &Arc<str>, key: &crate::store::IndexKey, found: &[super::memo::Identity]) -> bool {
         self.view(alias).is_some_and(|view| view.finds(key, found))
     }
 

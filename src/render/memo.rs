@@ -227,7 +227,7 @@ pub(crate) enum Read {
         /// no second look (moved forward in place when a later check finds the same again).
         generation: AtomicGeneration,
         /// The index key looked up (the store's own copy when it found something).
-        key: Arc<[String]>,
+        key: crate::store::IndexKey,
         /// The key's digest, checked against the store's changes before the key itself.
         digest: crate::store::KeyDigest,
         /// Who was found, in order.
@@ -604,11 +604,11 @@ pub(crate) trait RenderState {
         &self,
         alias: &Arc<str>,
         generation: u64,
-        key: &[String],
+        key: &crate::store::IndexKey,
         digest: crate::store::KeyDigest,
     ) -> Option<bool>;
     /// Whether a store holds exactly `found` under an index key now.
-    fn finds(&self, alias: &Arc<str>, key: &[String], found: &[Identity]) -> bool;
+    fn finds(&self, alias: &Arc<str>, key: &crate::store::IndexKey, found: &[Identity]) -> bool;
     /// Makes a block's claims (among its effects) as they came out before, all or none: false,
     /// and nothing claimed, when one would come out otherwise (a name it won taken already, or
     /// one it lost still free).

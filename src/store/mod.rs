@@ -8,6 +8,7 @@
 
 pub mod compact;
 pub mod fieldpath;
+mod index_key;
 pub mod selector;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,8 @@ use serde_json::Value as Json;
 use thiserror::Error;
 
 pub use fieldpath::{FieldPath, Projection};
+use index_key::Group;
+pub use index_key::IndexKey;
 
 use crate::files::Checksum;
 
@@ -60,7 +63,7 @@ pub struct StoredObject {
     /// Checksum of its content with noise removed.
     pub content: Checksum,
     /// Its index key, when every `indexBy` path resolved (shared with the store's index).
-    pub index_key: Option<Arc<[String]>>,
+    pub index_key: Option<IndexKey>,
     /// A fingerprint of the values at the store's `ignoreFields` paths (none without such
     /// paths): only ever compared with the same object's previous one, in this process. (Eight
     /// bytes: every stored object carries the field.)
@@ -122,12 +125,7 @@ pub struct ResourceStore {
 }
 
 /// A store's objects by index key.
-type Index = imbl::GenericHashMap<
-    Arc<[String]>,
-    Vec<Arc<StoredObject>>,
-    foldhash::fast::RandomState,
-    imbl::shared_ptr::DefaultSharedPtr,
->;
+type Index = imbl::GenericHashMap<IndexKey, Group, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// One change of a store's content (see [`ResourceStore::untouched_since`]).
 #[derive(Debug, Clone)]
@@ -135,7 +133,7 @@ struct StoreChange {
     before: u64,
     /// The object added, replaced or removed.
     object: ObjectKey,
-    key: Option<Arc<[String]>>,
+    key: Option<IndexKey>,
     /// The key's digest: most keys checked against a change differ in it.
     digest: KeyDigest,
 }
@@ -148,7 +146,7 @@ pub struct KeyDigest(u64);
 
 impl KeyDigest {
     /// The digest of `key`.
-    pub fn of(key: &[String]) -> Self {
+    pub fn of(key: &IndexKey) -> Self {
         use std::hash::BuildHasher;
         // A fixed seed is enough: equal digests are confirmed by comparing the keys.
         Self(foldhash::fast::FixedState::with_seed(0x6861_7074_6963).hash_one(key))
@@ -275,8 +273,8 @@ impl ResourceStore {
     }
 
     /// The objects whose index key equals `key`, in (namespace, name) order.
-    pub fn lookup(&self, key: &[String]) -> impl Iterator<Item = &Arc<StoredObject>> {
-        self.index.get(key).into_iter().flatten()
+    pub fn lookup(&self, key: &IndexKey) -> impl Iterator<Item = &Arc<StoredObject>> {
+        self.index.get(key).map(Group::objects).unwrap_or_default().iter()
     }
 
     /// Adds or replaces an object; true when the store's content changed.
@@ -329,7 +327,7 @@ impl ResourceStore {
             }
         }
         let index_key =
-            self.index_by.iter().map(|path| path.resolve_key(&object)).collect::<Option<Vec<_>>>().map(Arc::from);
+            self.index_by.iter().map(|path| path.resolve_key(&object)).collect::<Option<Vec<_>>>().map(IndexKey::new);
         Ok(StoredObject {
             reference: ObjectRef { kind: self.kind.clone(), key },
             content,
@@ -349,10 +347,10 @@ impl ResourceStore {
     /// Whether no change since `generation` (one this store's content had) touched the objects
     /// under the index key `key`: `None` when the store does not remember back that far (or
     /// never had that generation: a clone that went its own way).
-    pub fn untouched_since(&self, generation: u64, key: &[String], digest: KeyDigest) -> Option<bool> {
+    pub fn untouched_since(&self, generation: u64, key: &IndexKey, digest: KeyDigest) -> Option<bool> {
         let mut touched = false;
         self.each_change_since(generation, |change| {
-            touched |= change.digest == digest && change.key.as_deref() == Some(key);
+            touched |= change.digest == digest && change.key.as_ref() == Some(key);
         })
         .then_some(!touched)
     }
@@ -382,13 +380,13 @@ impl ResourceStore {
     }
 
     /// A change of `object`: a new generation, remembered with the index key it touched.
-    fn changed(&mut self, object: &ObjectKey, key: Option<Arc<[String]>>) {
+    fn changed(&mut self, object: &ObjectKey, key: Option<IndexKey>) {
         let before = self.generation;
         self.generation = next_generation();
         if self.recent.len() == RECENT_CHANGES {
             self.recent.pop_front();
         }
-        let digest = KeyDigest::of(key.as_deref().unwrap_or_default());
+        let digest = key.as_ref().map_or(KeyDigest(0), KeyDigest::of);
         self.recent.push_back(StoreChange { before, object: object.clone(), key, digest });
     }
 
@@ -396,10 +394,13 @@ impl ResourceStore {
         self.remove(&key);
         self.changed(&key, stored.index_key.clone());
         if let Some(index_key) = &stored.index_key {
-            let group = self.index.entry(index_key.clone()).or_default();
             // `remove` above took out any object of this key: the place is free.
-            let at = group.partition_point(|other| other.reference.key < key);
-            group.insert(at, stored.clone());
+            match self.index.get_mut(index_key) {
+                Some(group) => group.insert(stored.clone()),
+                None => {
+                    self.index.insert(index_key.clone(), Group::One(stored.clone()));
+                }
+            }
         }
         self.objects.insert(key, stored);
     }
@@ -449,12 +450,10 @@ impl ResourceStore {
         let removed = self.objects.remove(key)?;
         self.changed(key, removed.index_key.clone());
         if let Some(index_key) = &removed.index_key
-            && let Some(group) = self.index.get_mut(index_key)
+            && let Some(group) = self.index.remove(index_key)
+            && let Some(rest) = group.without(key)
         {
-            group.retain(|other| other.reference.key != *key);
-            if group.is_empty() {
-                self.index.remove(index_key);
-            }
+            self.index.insert(index_key.clone(), rest);
         }
         Some(removed)
     }
@@ -495,8 +494,8 @@ mod tests {
         let mut store = store();
         store.apply(service("shop", "web", 80, "1")).unwrap();
         let before = store.generation();
-        let web = ["shop".to_owned(), "web".to_owned()];
-        let api = ["shop".to_owned(), "api".to_owned()];
+        let web = IndexKey::new(["shop", "web"]);
+        let api = IndexKey::new(["shop", "api"]);
         store.apply(service("shop", "api", 80, "1")).unwrap();
         store.apply(service("shop", "api", 81, "2")).unwrap();
         assert_ne!(store.generation(), before);
@@ -531,10 +530,10 @@ mod tests {
         store.apply(service("b", "new", 80, "1")).unwrap();
         assert_eq!(snapshot.len(), 2);
         assert_eq!(snapshot.by_key(&web).unwrap().content, web_before);
-        assert_eq!(snapshot.lookup(&["a".to_owned(), "api".to_owned()]).count(), 1);
-        assert_eq!(snapshot.lookup(&["b".to_owned(), "new".to_owned()]).count(), 0);
+        assert_eq!(snapshot.lookup(&IndexKey::new(["a", "api"])).count(), 1);
+        assert_eq!(snapshot.lookup(&IndexKey::new(["b", "new"])).count(), 0);
         assert_ne!(store.by_key(&web).unwrap().content, web_before);
-        assert_eq!(store.lookup(&["a".to_owned(), "api".to_owned()]).count(), 0);
+        assert_eq!(store.lookup(&IndexKey::new(["a", "api"])).count(), 0);
         let order: Vec<_> = store.iter().map(|o| o.reference.to_string()).collect();
         assert_eq!(order.len(), 2);
         assert!(order[0].ends_with("a/web") && order[1].ends_with("b/new"), "{order:?}");
@@ -607,7 +606,7 @@ mod tests {
             "only dropped fields moved"
         );
         assert!(store.apply(slice("10.0.0.2", "n2")).unwrap(), "a kept field changed");
-        let key = ["a".to_owned(), "web".to_owned()];
+        let key = IndexKey::new(["a", "web"]);
         let stored = store.lookup(&key).next().expect("found by its index key");
         let kept: Json = serde_json::to_value(&stored.value).unwrap();
         assert_eq!(
@@ -628,10 +627,40 @@ mod tests {
         }
         let order: Vec<_> = store.iter().map(|o| o.reference.to_string()).collect();
         assert_eq!(order, ["Service a/x", "Service a/y", "Service b/x"]);
-        let found: Vec<_> = store.lookup(&["a".into(), "y".into()]).map(|o| o.reference.to_string()).collect();
+        let found: Vec<_> = store.lookup(&IndexKey::new(["a", "y"])).map(|o| o.reference.to_string()).collect();
         assert_eq!(found, ["Service a/y"]);
         assert!(store.delete(&ObjectKey { namespace: "a".into(), name: "y".into() }));
-        assert_eq!(store.lookup(&["a".into(), "y".into()]).count(), 0);
+        assert_eq!(store.lookup(&IndexKey::new(["a", "y"])).count(), 0);
+    }
+
+    proptest::proptest! {
+        /// Whatever objects come and go (many under one index key, one, or none), a lookup finds
+        /// exactly those of the store under its key, in (namespace, name) order.
+        #[test]
+        fn a_lookup_finds_the_objects_under_its_key_in_order(
+            changes in proptest::collection::vec((0..3usize, 0..4usize, 0..3usize, proptest::bool::ANY), 0..40),
+        ) {
+            let paths = vec![FieldPath::parse("metadata.labels.app").unwrap()];
+            let mut store = ResourceStore::new("Service", paths);
+            let apps = ["web", "api", "db"];
+            for (namespace, name, app, keep) in changes {
+                let (namespace, name) = (["a", "b", "c"][namespace], format!("s{name}"));
+                if keep {
+                    store.apply(json!({"metadata": {"namespace": namespace, "name": name, "labels": {"app": apps[app]}}})).unwrap();
+                } else {
+                    store.delete(&ObjectKey { namespace: namespace.into(), name: name.as_str().into() });
+                }
+                for app in apps {
+                    let found: Vec<_> = store.lookup(&IndexKey::new([app])).map(|o| o.reference.key.clone()).collect();
+                    let wanted: Vec<_> = store
+                        .iter()
+                        .filter(|o| o.index_key == Some(IndexKey::new([app])))
+                        .map(|o| o.reference.key.clone())
+                        .collect();
+                    proptest::prop_assert_eq!(found, wanted);
+                }
+            }
+        }
     }
 
     #[test]
