@@ -64,10 +64,7 @@ impl Group {
 
     /// Adds `stored`, whose key no object of the group has, in its place.
     pub(crate) fn insert(&mut self, stored: Arc<StoredObject>) {
-        let mut objects = match std::mem::replace(self, Self::Many(Vec::new())) {
-            Self::One(object) => vec![object],
-            Self::Many(objects) => objects,
-        };
+        let mut objects = std::mem::replace(self, Self::Many(Vec::new())).into_objects();
         let at = objects.partition_point(|other| other.reference.key < stored.reference.key);
         objects.insert(at, stored);
         *self = Self::Many(objects);
@@ -75,15 +72,20 @@ impl Group {
 
     /// Takes out the object of `key`; none when the group is left empty.
     pub(crate) fn without(self, key: &super::ObjectKey) -> Option<Self> {
-        let mut objects = match self {
-            Self::One(object) => vec![object],
-            Self::Many(objects) => objects,
-        };
+        let mut objects = self.into_objects();
         objects.retain(|other| other.reference.key != *key);
         match objects.len() {
             0 => None,
             1 => objects.pop().map(Self::One),
             _ => Some(Self::Many(objects)),
+        }
+    }
+
+    /// The objects, in order, as a vector.
+    fn into_objects(self) -> Vec<Arc<StoredObject>> {
+        match self {
+            Self::One(object) => vec![object],
+            Self::Many(objects) => objects,
         }
     }
 }
