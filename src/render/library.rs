@@ -138,6 +138,10 @@ fn stored_slice_endpoints(members: &[(Arc<str>, Node)], wanted: Option<&str>, fo
 pub(crate) struct Route {
     namespace: Value,
     ingress: Value,
+    /// The Ingress itself, as `ingress_routes` was given it: a backend's block reads its
+    /// settings from it without looking it up again (a route is made anew whenever its
+    /// Ingress changes, so a block keyed by the route never holds a stale one).
+    ingress_object: Value,
     host: Value,
     path: Value,
     path_length: usize,
@@ -216,6 +220,7 @@ impl Object for Route {
         Some(match key {
             "namespace" => self.namespace.clone(),
             "ingress" => self.ingress.clone(),
+            "ingress_object" => self.ingress_object.clone(),
             "host" => self.host.clone(),
             "path" => self.path.clone(),
             "path_length" => Value::from(self.path_length),
@@ -236,6 +241,7 @@ impl Object for Route {
         Enumerator::Str(&[
             "namespace",
             "ingress",
+            "ingress_object",
             "host",
             "path",
             "path_length",
@@ -310,6 +316,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
             routes.push(Value::from_object(Route {
                 namespace: namespace_value.clone(),
                 ingress: name_value.clone(),
+                ingress_object: ingress.clone(),
                 host: host.clone(),
                 path_length: prefix.len(),
                 path: Value::from(prefix),
