@@ -21,9 +21,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::driver::{
-    ActionError, Desired, Patched, PodActions, PodTarget, PodVersions, Reading, StoredCopy, Validation,
-};
+use super::driver::PodActions;
+use super::pod::{ActionError, Desired, Patched, PodTarget, PodVersions, Reading, StoredCopy, Validation};
 use crate::dataplane::{
     Access, ConfigBody, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadEnd,
     ReloadId, StorageKind, StoredConfig, WriteGuard,

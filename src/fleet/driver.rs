@@ -1,163 +1,31 @@
-//! The driver of one pod's state machine: it feeds the machine events (action results, new
-//! renders, retry and drift timers), journals every transition durably, and only then performs
-//! the actions the transition calls for. Start-up is the same loop seeded from the journal:
-//! the machine starts Unknown with what the journal says was pushed, so its first action is a
-//! verification, and a pod that already runs the desired files is left untouched.
+//! The driver of one pod: the thin async shell around [`DriverCore`]. It waits for renders,
+//! timers and stop; feeds each to the core; journals the transition the core answers with
+//! durably before anything else; then performs the actions it queued through [`PodActions`]
+//! and feeds their outcomes back. Every decision (pacing, retries, drift, what an action
+//! carries) is the core's, a plain function tested without IO. Start-up is the same loop
+//! seeded from the journal: the machine starts Unknown with what the journal says was pushed,
+//! so its first action is a verification, and a pod that already runs the desired files is
+//! left untouched.
 //!
 //! What an action does to a pod is behind [`PodActions`] (the Dataplane adapter in
 //! production, scripted fakes in these tests).
 
-use std::collections::VecDeque;
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use super::machine::{Action, Event, FileChecksums, PodMachine, State};
-use crate::config::HaproxyVersion;
+use super::core::{Cause, Clock, DriverCore, Input, Note, Outcome, Transitioned, Work};
+use super::machine::{Action, Event, PodMachine, State};
+use super::pod::{ActionError, Desired, DriverSettings, Patched, PodTarget, Reading, StoredCopy, Validation};
 use crate::dataplane::ConfigVersion;
-use crate::files::{Checksum, FileSet};
-use crate::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
-use crate::plan::{AddressChanges, Plan, RuntimeAction};
-use crate::telemetry::traces::{TraceParent, trace_id_of};
-
-/// The pod a driver works on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodTarget {
-    /// Identity.
-    pub uid: PodUid,
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// Where its Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
-    pub endpoint: String,
-}
-
-/// What the controller wants every pod to run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Desired {
-    /// The files.
-    pub files: Arc<FileSet>,
-    /// Their checksums, as the machine compares them.
-    pub checksums: FileChecksums,
-    /// The reconciliation that rendered them, whose trace the pods' work joins.
-    pub trace: Option<TraceParent>,
-    /// The oldest HAProxy the configuration supports: older pods are given nothing.
-    pub minimum_haproxy: Option<HaproxyVersion>,
-}
-
-/// The checksums a pod running `files` shows a verification, as the machine compares them.
-pub fn deployed_checksums(files: &FileSet) -> FileChecksums {
-    // Every file by its content's checksum; a pod's certificates by the checksums its
-    // certificate manifest names (the Dataplane API never gives a certificate back).
-    files.entries().map(|(name, file)| (name, file.checksum)).collect()
-}
-
-impl Desired {
-    /// Wraps a render.
-    pub fn new(files: FileSet) -> Self {
-        let checksums = deployed_checksums(&files);
-        Self { files: Arc::new(files), checksums, trace: None, minimum_haproxy: None }
-    }
-
-    /// The same render, for pods whose HAProxy is at least `minimum`.
-    pub fn requiring(self, minimum: Option<HaproxyVersion>) -> Self {
-        Self { minimum_haproxy: minimum, ..self }
-    }
-
-    /// The same render, traced under `trace`.
-    pub fn traced(self, trace: Option<TraceParent>) -> Self {
-        Self { trace, ..self }
-    }
-
-    fn main_checksum(&self) -> String {
-        self.checksums.iter().find(|(name, _)| name == "haproxy.cfg").map(|(_, c)| c.to_string()).unwrap_or_default()
-    }
-}
-
-/// The answer of a validation on the pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Validation {
-    /// HAProxy accepted the configuration.
-    Passed,
-    /// HAProxy refused it, with its message.
-    Rejected(String),
-}
-
-/// A configuration haptic pushed, as the pod stores it. The Dataplane API does not keep the
-/// text it is sent but its own parser's layout of it, so a push is recognised on the pod by
-/// the checksum of that layout, learnt from the push's answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoredCopy {
-    /// The checksum of the rendered `haproxy.cfg` that was pushed.
-    pub render: Checksum,
-    /// The checksum of the file as the pod stores it, without its version lines.
-    pub stored: Checksum,
-    /// The configuration version the push left: the base of the next write.
-    pub version: ConfigVersion,
-}
-
-/// What a verification read on a pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reading {
-    /// The pod's files as the machine compares them (`haproxy.cfg` as the render it is a
-    /// copy of, when it is recognised as one).
-    pub observed: FileChecksums,
-    /// The pod's configuration version: the base of the next write.
-    pub version: ConfigVersion,
-    /// The push the pod's configuration file is a copy of, when it is recognised as one.
-    pub copy: Option<StoredCopy>,
-    /// What the pod's HAProxy does with open connections when a server's address changes at
-    /// run time (from its version; the cautious answer when it cannot be read).
-    pub address_changes: AddressChanges,
-    /// The versions the pod reports.
-    pub versions: PodVersions,
-}
-
-/// The versions a pod reports, as read (`None`: it did not say, or could not be asked).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PodVersions {
-    /// HAProxy's, from its runtime (`2.8.25-5cf5d0683`).
-    pub haproxy: Option<String>,
-    /// The Dataplane API's (`v3.2.7 3f1e3ef3`).
-    pub dataplane_api: Option<String>,
-}
-
-/// What a runtime patch came to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Patched {
-    /// Written, applied and read back as intended: the configuration as the pod now stores it,
-    /// or `None` when it was not rewritten (only maps or certificates changed).
-    Taken(Option<StoredCopy>),
-    /// Not applied as intended: a full sync follows, on top of this configuration version when
-    /// it is known (the patch may have written the file, or left it as it was).
-    NotTaken(Option<ConfigVersion>),
-}
-
-/// Why an action did not complete.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ActionError {
-    /// Unreachable, timed out, an unexpected answer: retried with backoff.
-    Failed(String),
-    /// The pod's configuration version moved since it was read: someone else wrote.
-    VersionConflict(String),
-    /// HAProxy refused to reload with the pushed file; the Dataplane API put the last good one back.
-    ReloadFailed(String),
-}
-
-impl fmt::Display for ActionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Failed(error) | Self::VersionConflict(error) | Self::ReloadFailed(error) => f.write_str(error),
-        }
-    }
-}
+use crate::journal::Journal;
+use crate::plan::RuntimeAction;
+use crate::telemetry::traces::trace_id_of;
 
 /// What actions do to a pod.
 pub trait PodActions: Send + Sync + 'static {
@@ -201,72 +69,19 @@ pub trait PodActions: Send + Sync + 'static {
     fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
 }
 
-/// Driver settings.
-#[derive(Clone, Debug)]
-pub struct DriverSettings {
-    /// How often an InSync pod is checked for drift.
-    pub drift_interval: Duration,
-    /// The leader term this replica deploys in (0 without leader election); journal records
-    /// of another term are not trusted until the pod confirms them.
-    pub term: LeaderTerm,
-    /// The least time between two reloads of this pod: a render that needs one sooner waits,
-    /// and renders meanwhile coalesce into that one reload. Runtime patches are not paced.
-    pub min_reload_interval: Duration,
-}
-
 /// Drives one pod until `stop` turns true.
 pub struct PodDriver<A: PodActions> {
     target: PodTarget,
-    machine: PodMachine,
-    seq: u64,
+    core: DriverCore,
     journal: Arc<Journal>,
     actions: Arc<A>,
     deploy_slots: Arc<Semaphore>,
-    settings: DriverSettings,
-    desired: Arc<Desired>,
     /// The span of the work in progress: one event and the actions it led to.
     span: tracing::Span,
-    /// The files this pod is known to run (pushed, patched or verified by this driver), the
-    /// base a runtime patch is planned from; unknown after a restart, so the first change
-    /// after one is a full sync.
-    pushed_files: Option<Arc<FileSet>>,
-    /// The runtime changes planned for the current desired files.
-    runtime_actions: Vec<RuntimeAction>,
-    /// The last push to this pod haptic knows of, as the pod stores it (journaled).
-    copy: Option<StoredCopy>,
-    /// The configuration version last read from the pod or left by a push: the base of the
-    /// next write, so that a write by anyone else in between is a conflict, not overwritten.
-    base_version: Option<ConfigVersion>,
-    /// What the pod's HAProxy does with open connections when a server's address changes at
-    /// run time, as last verified.
-    address_changes: AddressChanges,
-    /// A runtime patch was cut short (or the journal says one was in flight when the controller
-    /// stopped): the pod's file may claim files whose runtime changes never took, so only a
-    /// full sync settles it.
-    patch_in_doubt: bool,
-    /// When this driver last reloaded the pod (a push), for pacing.
-    last_reload: Option<Instant>,
-    /// The versions the pod reports: journaled, shown by the API, and checked against the
-    /// configuration's minimum.
-    versions: PodVersions,
-    /// Whether `versions` were read by this driver (not only remembered by the journal):
-    /// only then is a new render judged by them without reading the pod first.
-    versions_read: bool,
-    /// What started the work in progress (a drift check's push is a drift repair).
-    cause: Cause,
 }
 
-/// What started a burst of work on a pod, as traces name it.
-#[derive(Clone, Copy, Debug)]
-enum Cause {
-    /// The driver started (controller start, new pod, or regained leadership).
-    Start,
-    /// A new render.
-    DesiredChanged,
-    /// A retry after a failure.
-    Retry,
-    /// The periodic drift check: a trace of its own.
-    DriftCheck,
+fn clock() -> Clock {
+    Clock { now: Instant::now(), wall: SystemTime::now() }
 }
 
 impl<A: PodActions> PodDriver<A> {
@@ -283,48 +98,24 @@ impl<A: PodActions> PodDriver<A> {
             warn!(pod = %target.name, uid = %target.uid, %error, "journal record unreadable; verifying from scratch");
             None
         });
-        // What a push left on the pod stays evidence whoever made it: a file still stored
-        // exactly as that push left it runs that push.
-        let copy = record.as_ref().and_then(|record| record.copy);
-        let versions = record.as_ref().map(|record| record.versions.clone()).unwrap_or_default();
-        let patch_in_doubt = record.as_ref().is_some_and(|record| record.state == State::RuntimePatching);
-        let (pushed, seq) = match record {
-            Some(record) if record.last_transition.term == settings.term => (record.pushed, record.last_transition.seq),
-            Some(record) => {
-                info!(pod = %target.name, uid = %target.uid, record_term = %record.last_transition.term,
-                      term = %settings.term, "journal record from another leader term: verifying the pod before trusting it");
-                (None, record.last_transition.seq)
-            }
-            None => (None, 0),
-        };
-        let machine = PodMachine::new(desired.checksums.clone(), pushed);
-        Self {
-            target,
-            machine,
-            seq,
-            journal,
-            actions,
-            deploy_slots,
-            settings,
-            desired,
-            span: tracing::Span::none(),
-            pushed_files: None,
-            runtime_actions: Vec::new(),
-            copy,
-            base_version: None,
-            address_changes: AddressChanges::default(),
-            patch_in_doubt,
-            last_reload: None,
-            versions,
-            versions_read: false,
-            cause: Cause::Start,
+        if let Some(record) = &record
+            && record.last_transition.term != settings.term
+        {
+            info!(pod = %target.name, uid = %target.uid, record_term = %record.last_transition.term,
+                  term = %settings.term, "journal record from another leader term: verifying the pod before trusting it");
         }
+        let core = DriverCore::new(target.clone(), settings, desired, record, Instant::now());
+        Self { target, core, journal, actions, deploy_slots, span: tracing::Span::none() }
+    }
+
+    /// The machine, for inspection.
+    pub fn machine(&self) -> &PodMachine {
+        self.core.machine()
     }
 
     /// Opens the span of a new burst of work, in the trace of the render it serves (a drift
     /// check starts a trace of its own).
     fn begin(&mut self, cause: Cause) {
-        self.cause = cause;
         let span = info_span!(
             "pod",
             k8s.namespace.name = %self.target.namespace,
@@ -333,324 +124,149 @@ impl<A: PodActions> PodDriver<A> {
             haptic.cause = ?cause,
             haptic.decision = Empty,
             haptic.state = Empty,
-            haptic.desired.checksum = %self.desired.main_checksum(),
+            haptic.desired.checksum = %self.core.desired().main_checksum(),
             otel.status_code = Empty,
             otel.status_message = Empty,
         );
-        if !matches!(cause, Cause::DriftCheck)
-            && let Some(parent) = &self.desired.trace
+        if cause != Cause::DriftCheck
+            && let Some(parent) = &self.core.desired().trace
         {
             parent.adopt(&span);
         }
         self.span = span;
     }
 
-    /// The machine, for inspection.
-    pub fn machine(&self) -> &PodMachine {
-        &self.machine
-    }
-
     /// Runs until `stop` turns true or its sender is dropped.
     pub async fn run(mut self, mut desired: watch::Receiver<Arc<Desired>>, mut stop: watch::Receiver<bool>) {
-        let mut pending: VecDeque<Action> = VecDeque::from([Action::Verify]);
-        let mut retry_at: Option<Instant> = None;
-        let mut drift_at = Instant::now() + self.settings.drift_interval;
-        // A render that needs a reload sooner than the pace allows waits until then.
-        let mut paced_until: Option<Instant> = None;
         self.begin(Cause::Start);
         loop {
             if *stop.borrow() {
                 return;
             }
-            // One action at a time; its result is the next event.
-            if let Some(action) = pending.pop_front() {
+            // One action at a time; its outcome is the next input.
+            if let Some(work) = self.core.next_work() {
                 let span = self.span.clone();
-                if let Some(event) = self.perform(action).instrument(span.clone()).await {
-                    self.apply(&event, &mut pending, &mut retry_at).instrument(span).await;
-                }
+                let outcome = self.perform(work).instrument(span.clone()).await;
+                self.step(Input::Done(outcome)).instrument(span).await;
                 continue;
             }
             // Nothing left to do for this burst: its span ends here.
             self.span = tracing::Span::none();
-            let (event, cause) = tokio::select! {
+            let (due, timer) = self.core.next_timer();
+            let input = tokio::select! {
                 changed = desired.changed() => {
                     if changed.is_err() { return; }
-                    self.desired = desired.borrow_and_update().clone();
-                    let planned = self.runtime_plan();
-                    let runtime_only = planned.is_some();
-                    if !runtime_only && let Some(until) = self.reload_paced_until() {
-                        // Renders arriving meanwhile only replace `self.desired`: one reload.
-                        // The API shows the pod waiting, until when.
-                        paced_until = Some(until);
-                        let wall = std::time::SystemTime::now() + until.saturating_duration_since(Instant::now());
-                        self.journal.set_paced(&self.target.uid, Some(wall));
-                        continue;
-                    }
-                    if paced_until.take().is_some() {
-                        self.journal.set_paced(&self.target.uid, None);
-                    }
-                    (self.desired_changed(planned), Cause::DesiredChanged)
+                    Input::Render(desired.borrow_and_update().clone())
                 }
-                _ = sleep_until(paced_until), if paced_until.is_some() => {
-                    paced_until = None;
-                    self.journal.set_paced(&self.target.uid, None);
-                    let planned = self.runtime_plan();
-                    (self.desired_changed(planned), Cause::DesiredChanged)
-                }
-                _ = sleep_until(retry_at), if retry_at.is_some() => {
-                    retry_at = None;
-                    (Event::RetryDue, Cause::Retry)
-                }
-                _ = tokio::time::sleep_until(drift_at) => {
-                    drift_at = Instant::now() + self.settings.drift_interval;
-                    (Event::DriftTick, Cause::DriftCheck)
-                }
+                _ = tokio::time::sleep_until(due) => Input::Timer(timer),
                 _ = stop.changed() => return,
             };
+            self.step(input).await;
+        }
+    }
+
+    /// Feeds the core one input and does what it answers: the pace note, the counts, and the
+    /// transition journaled durably before any work it queued.
+    async fn step(&mut self, input: Input) {
+        let output = self.core.step(input, clock());
+        if let Some(cause) = output.began {
             self.begin(cause);
-            let span = self.span.clone();
-            self.apply(&event, &mut pending, &mut retry_at).instrument(span).await;
         }
-    }
-
-    async fn perform(&mut self, action: Action) -> Option<Event> {
-        // Deployments of different pods run in parallel up to maxParallel; a verification is cheap.
-        let slots = self.deploy_slots.clone();
-        let _slot = match action {
-            Action::Validate | Action::Push | Action::RuntimePatch => slots.acquire().await.ok(),
-            _ => None,
-        };
-        let timer = ActionTimer::start(action);
-        let span =
-            info_span!("action", otel.name = timer.action, otel.status_code = Empty, otel.status_message = Empty);
-        let event = self.act(action).instrument(span.clone()).await;
-        if let Some(
-            Event::ActionFailed { error } | Event::ValidationRejected { error } | Event::ReloadFailed { error },
-        ) = &event
-        {
-            span.record("otel.status_code", "ERROR");
-            span.record("otel.status_message", error.as_str());
-        }
-        event
-    }
-
-    async fn act(&mut self, action: Action) -> Option<Event> {
-        let pod = &self.target;
-        let desired = &self.desired;
-        let failed = |error: ActionError| match error {
-            ActionError::Failed(error) => Event::ActionFailed { error },
-            ActionError::VersionConflict(detail) => {
-                warn!(pod = %pod.name, %detail, "configuration version conflict: the pod is read again");
-                Event::VersionConflict
-            }
-            ActionError::ReloadFailed(error) => Event::ReloadFailed { error },
-        };
-        // A write goes on top of the version last seen; never seen (a retry after a failed
-        // read, say) means read it first.
-        let base = self.base_version.ok_or_else(|| ActionError::VersionConflict("no version read yet".into()));
-        Some(match action {
-            Action::Verify => match self.actions.verify(pod, self.copy.as_ref(), self.patch_in_doubt).await {
-                Ok(reading) => {
-                    self.base_version = Some(reading.version);
-                    self.address_changes = reading.address_changes;
-                    if reading.copy.is_some() {
-                        self.copy = reading.copy;
-                    }
-                    self.versions = reading.versions;
-                    self.versions_read = true;
-                    match self.unsupported() {
-                        Some(event) => event,
-                        None => Event::Verified { observed: Some(reading.observed) },
-                    }
-                }
-                Err(error) => failed(error),
-            },
-            Action::Validate => match self.actions.validate(pod, desired).await {
-                Ok(Validation::Passed) => Event::ValidationPassed,
-                Ok(Validation::Rejected(error)) => Event::ValidationRejected { error },
-                Err(error) => failed(error),
-            },
-            Action::Push => {
-                // What the reload is for, from the files the pod ran, which are let go while the
-                // push runs: until its answer the pod's files are in doubt, and from `Syncing`
-                // only a full push follows, until `InSync` names the files anew. Kept, each pod
-                // being pushed to held two renders' files (2–3 MB each at 10,000 Ingresses) for
-                // the push's ten seconds under churn.
-                let reason = match self.cause {
-                    Cause::DriftCheck => crate::plan::ReloadReason::Drift,
-                    _ => crate::plan::reload_reason(self.pushed_files.as_deref(), &desired.files, self.address_changes),
-                };
-                self.pushed_files = None;
-                match async { self.actions.push(pod, desired, base?).await }.await {
-                    Ok(copy) => {
-                        self.last_reload = Some(Instant::now());
-                        let labels = crate::telemetry::metrics::ReloadLabels { reason: reason.as_str() };
-                        crate::telemetry::metrics::metrics().reloads.get_or_create(&labels).inc();
-                        self.base_version = Some(copy.version);
-                        self.copy = Some(copy);
-                        self.patch_in_doubt = false;
-                        Event::Pushed { pushed: desired.checksums.clone() }
-                    }
-                    Err(error) => {
-                        // A push that may have landed keeps its base: retried, it meets a conflict
-                        // and the pod is read again. A failed reload put an older file back.
-                        if !matches!(error, ActionError::Failed(_)) {
-                            self.base_version = None;
-                        }
-                        failed(error)
-                    }
-                }
-            }
-            Action::RuntimePatch => {
-                // The patch was planned from the files the pod runs: its configuration is
-                // rewritten when the desired one differs from theirs.
-                let rewrite_config = self
-                    .pushed_files
-                    .as_ref()
-                    .is_none_or(|pushed| pushed.haproxy_cfg.checksum != desired.files.haproxy_cfg.checksum);
-                let patch = async {
-                    self.actions.runtime_patch(pod, desired, &self.runtime_actions, rewrite_config, base?).await
-                };
-                match patch.await {
-                    Ok(Patched::Taken(copy)) => {
-                        let metrics = crate::telemetry::metrics::metrics();
-                        for action in &self.runtime_actions {
-                            let labels = crate::telemetry::metrics::RuntimeActionLabels { kind: action.kind() };
-                            metrics.runtime_actions.get_or_create(&labels).inc();
-                        }
-                        if let Some(copy) = copy {
-                            self.base_version = Some(copy.version);
-                            self.copy = Some(copy);
-                        }
-                        self.patch_in_doubt = false;
-                        Event::RuntimePatched { pushed: desired.checksums.clone() }
-                    }
-                    Ok(Patched::NotTaken(written_at)) => {
-                        // The file may claim the new render without its effect: only the full
-                        // sync that follows may settle it, on top of the version it left.
-                        self.base_version = written_at;
-                        self.patch_in_doubt = true;
-                        Event::RuntimePatchMismatch
-                    }
-                    Err(error) => {
-                        if !matches!(error, ActionError::Failed(_)) {
-                            self.base_version = None;
-                        }
-                        self.patch_in_doubt = true;
-                        failed(error)
-                    }
-                }
-            }
-            Action::RestoreFiles => {
-                if let Err(error) = self.actions.restore_files(pod).await {
-                    warn!(pod = %pod.name, %error, "could not put back the files of a rejected configuration");
-                }
-                return None;
-            }
-            Action::ScheduleRetry => return None,
-        })
-    }
-
-    /// Steps the machine, journals the transition, and queues its actions, in that order.
-    async fn apply(&mut self, event: &Event, pending: &mut VecDeque<Action>, retry_at: &mut Option<Instant>) {
-        let before = self.machine.clone();
-        let step = self.machine.step(event);
-        // A step that changes nothing and calls for nothing (a drift tick on a pod waiting for
-        // new files) is not a transition: journaling it would bury the reason the pod waits.
-        if step.row.is_none() || (self.machine == before && step.actions.is_empty()) {
-            return;
-        }
-        count(event, &step);
-        self.trace_step(event, &step);
-        self.seq += 1;
-        let record = JournaledPod {
-            uid: self.target.uid.clone(),
-            namespace: self.target.namespace.clone(),
-            name: self.target.name.clone(),
-            state: step.to,
-            pushed: self.machine.pushed.clone(),
-            copy: self.copy,
-            versions: self.versions.clone(),
-            last_transition: TransitionEntry {
-                seq: self.seq,
-                at: SystemTime::now(),
-                from: step.from,
-                to: step.to,
-                reason: format!("{:?}", event.kind()),
-                error: self.machine.last_error.clone(),
-                term: self.settings.term,
-                trace_id: trace_id_of(&self.span),
-            },
-        };
-        // The commit fsyncs: it runs on the blocking pool, so no async worker (lease renewal
-        // shares them) waits on the disk.
-        let committed = crate::journal::on_blocking_pool(&self.journal, move |journal| journal.commit(&record)).await;
-        if let Err(error) = committed {
-            // Never act on a transition that is not on disk: retry the step later.
+        self.note(&output.notes, output.pace_note);
+        let Some(transitioned) = output.transition else { return };
+        let span = self.span.clone();
+        if let Err(error) = self.commit(transitioned).instrument(span).await {
             error!(pod = %self.target.name, %error, "journal commit failed; the action waits for a retry");
-            pending.clear();
-            *retry_at = Some(Instant::now() + self.machine.retry_delay().max(Duration::from_secs(1)));
-            return;
+            let output = self.core.step(Input::CommitFailed, clock());
+            self.note(&output.notes, output.pace_note);
         }
+    }
+
+    /// Journals a transition (the commit fsyncs: it runs on the blocking pool, so no async
+    /// worker, lease renewal among them, waits on the disk), then says it.
+    async fn commit(&self, transitioned: Transitioned) -> Result<(), String> {
+        let Transitioned { event, step, mut record, error_before } = transitioned;
+        count(&event, &step);
+        self.trace_step(&event, &step);
+        record.last_transition.trace_id = trace_id_of(&self.span);
+        crate::journal::on_blocking_pool(&self.journal, move |journal| journal.commit(&record)).await?;
+        let error = &self.core.machine().last_error;
         if step.from != step.to {
             info!(pod = %self.target.name, uid = %self.target.uid, from = %step.from, to = %step.to,
-                  reason = ?event.kind(), error = ?self.machine.last_error, "pod transition");
-        } else if let Some(error) = &self.machine.last_error
-            && before.last_error.as_ref() != Some(error)
+                  reason = ?event.kind(), error = ?error, "pod transition");
+        } else if let Some(error) = error
+            && error_before.as_ref() != Some(error)
         {
             // A pod failing in place (unreachable, refusing our certificate...) is said once
             // per new reason, not on every retry.
             warn!(pod = %self.target.name, uid = %self.target.uid, state = %step.to, %error, "pod action failed");
         }
-        for action in step.actions {
-            match action {
-                Action::ScheduleRetry => *retry_at = Some(Instant::now() + self.machine.retry_delay()),
-                other => pending.push_back(other),
+        Ok(())
+    }
+
+    /// Counts and says what the core noted, and shows the pod's wait for the pace.
+    fn note(&self, notes: &[Note], pace: Option<Option<SystemTime>>) {
+        use crate::telemetry::metrics::{ReloadLabels, RuntimeActionLabels, metrics};
+        for note in notes {
+            match note {
+                Note::Reloaded(reason) => {
+                    metrics().reloads.get_or_create(&ReloadLabels { reason: reason.as_str() }).inc();
+                }
+                Note::RuntimeActions(kinds) => {
+                    for kind in kinds {
+                        metrics().runtime_actions.get_or_create(&RuntimeActionLabels { kind }).inc();
+                    }
+                }
+                Note::VersionConflict(detail) => {
+                    warn!(pod = %self.target.name, %detail, "configuration version conflict: the pod is read again");
+                }
+                Note::RestoreFailed(error) => {
+                    warn!(pod = %self.target.name, %error, "could not put back the files of a rejected configuration");
+                }
             }
         }
-        if step.to == State::InSync {
-            *retry_at = None;
-            // In sync means the pod runs exactly the desired files: the base of the next plan.
-            self.pushed_files = Some(self.desired.files.clone());
+        if let Some(until) = pace {
+            self.journal.set_paced(&self.target.uid, until);
         }
     }
-}
 
-impl<A: PodActions> PodDriver<A> {
-    /// The machine's event for the desired files, planned as `planned` (runtime actions, or
-    /// `None` for a full sync); the actions are kept for the patch it may lead to.
-    fn desired_changed(&mut self, planned: Option<Vec<RuntimeAction>>) -> Event {
-        if self.versions_read
-            && let Some(event) = self.unsupported()
-        {
-            self.runtime_actions.clear();
-            return event;
+    /// Performs one action on the pod (deployments of different pods in parallel up to
+    /// maxParallel; a verification is cheap), timed and traced.
+    async fn perform(&self, work: Work) -> Outcome {
+        let slots = self.deploy_slots.clone();
+        let _slot = match work.action() {
+            Action::Validate | Action::Push | Action::RuntimePatch => slots.acquire().await.ok(),
+            _ => None,
+        };
+        let timer = ActionTimer::start(work.action());
+        let span =
+            info_span!("action", otel.name = timer.action, otel.status_code = Empty, otel.status_message = Empty);
+        let outcome = self.act(work).instrument(span.clone()).await;
+        if let Some(error) = outcome.failure() {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_message", error);
         }
-        let runtime_only = planned.is_some();
-        self.runtime_actions = planned.unwrap_or_default();
-        Event::DesiredChanged { desired: self.desired.checksums.clone(), runtime_only }
+        outcome
     }
 
-    /// `Unsupported` when the pod's HAProxy, as last read, is below the desired files' minimum.
-    fn unsupported(&self) -> Option<Event> {
-        let reason =
-            crate::config::meets_minimum(self.versions.haproxy.as_deref(), self.desired.minimum_haproxy).err()?;
-        Some(Event::Unsupported { desired: self.desired.checksums.clone(), reason })
-    }
-
-    /// Until when a reload must wait, if the last one was less than the pace ago.
-    fn reload_paced_until(&self) -> Option<Instant> {
-        let until = self.last_reload? + self.settings.min_reload_interval;
-        (Instant::now() < until).then_some(until)
-    }
-
-    /// The runtime changes that take the pod from the files it runs to the desired ones, when
-    /// that is all it takes (see `plan::plan`); `None` calls for a full sync.
-    fn runtime_plan(&self) -> Option<Vec<RuntimeAction>> {
-        let pushed = self.pushed_files.as_ref()?;
-        match crate::plan::plan(pushed, &self.desired.files, self.address_changes) {
-            Plan::Runtime(actions) => Some(actions),
-            Plan::NoOp | Plan::Full => None,
+    async fn act(&self, work: Work) -> Outcome {
+        let pod = &self.target;
+        let actions = &self.actions;
+        // A write goes on top of the version last seen; never seen (a retry after a failed
+        // read, say) means read it first.
+        let based = |base: Option<ConfigVersion>| {
+            base.ok_or_else(|| ActionError::VersionConflict("no version read yet".into()))
+        };
+        match work {
+            Work::Verify { known, in_doubt } => Outcome::Verified(actions.verify(pod, known.as_ref(), in_doubt).await),
+            Work::Validate { desired } => Outcome::Validated(actions.validate(pod, &desired).await),
+            Work::Push { desired, base } => {
+                Outcome::Pushed(async { actions.push(pod, &desired, based(base)?).await }.await)
+            }
+            Work::RuntimePatch { desired, actions: changes, rewrite_config, base } => Outcome::Patched(
+                async { actions.runtime_patch(pod, &desired, &changes, rewrite_config, based(base)?).await }.await,
+            ),
+            Work::RestoreFiles => Outcome::Restored(actions.restore_files(pod).await),
         }
     }
 
@@ -742,21 +358,20 @@ impl Drop for ActionTimer {
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::time::Duration;
 
     use super::*;
-    use crate::files::RenderedFile;
+    use crate::config::HaproxyVersion;
+    use crate::files::{Checksum, FileSet, RenderedFile};
+    use crate::fleet::machine::FileChecksums;
+    use crate::fleet::pod::PodVersions;
+    use crate::journal::{JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+    use crate::plan::AddressChanges;
 
     /// A scripted pod: runs whatever was last pushed, records every call and the journal's
     /// state for the pod at the moment of each push.
@@ -900,16 +515,22 @@ mod tests {
     }
 
     fn start(seed: impl FnOnce(&Journal), runs: Option<FileChecksums>, first: Arc<Desired>) -> Harness {
+        start_with(seed, runs, first, Duration::from_secs(60))
+    }
+
+    fn start_with(
+        seed: impl FnOnce(&Journal),
+        runs: Option<FileChecksums>,
+        first: Arc<Desired>,
+        drift_interval: Duration,
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(&dir.path().join("journal"), 100).unwrap();
         seed(&journal);
         let journal = Arc::new(journal);
         let fake = FakePod::new(journal.clone(), runs);
-        let settings = DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-        };
+        let settings =
+            DriverSettings { drift_interval, term: LeaderTerm::default(), min_reload_interval: Duration::from_secs(2) };
         let driver = PodDriver::new(
             target(),
             journal.clone(),
@@ -1186,6 +807,27 @@ mod tests {
         assert_eq!(pod.last_transition.error.as_deref(), Some("[ALERT] line 3"), "HAProxy's message is journaled");
         assert_eq!(pod.pushed, Some(desired("a").checksums.clone()), "the pod keeps its last good files");
         assert_eq!(h.fake.calls(), ["verify", "validate", "push", "validate", "restore"]);
+        h.stop().await;
+    }
+
+    /// A render waiting for the reload pace must not be what a drift repair pushes: the machine
+    /// would not know it, call the push's result "not desired" and validate and push again,
+    /// back to back, for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_drift_repair_while_a_render_waits_for_the_pace_is_no_reload_loop() {
+        let h = start_with(|_| {}, None, desired("a"), Duration::from_secs(1));
+        h.until("in sync", |p| p.state == State::InSync).await;
+        for round in 0..20 {
+            // Renders every 300 ms, and the pod edited by hand now and then.
+            h.desired_tx.send(desired(&format!("render {round}"))).unwrap();
+            if round % 5 == 0 {
+                *h.fake.runs.lock().unwrap() = Some(desired("edited by hand").checksums.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let pushes = h.fake.calls().iter().filter(|c| *c == "push").count();
+        // 6 s of renders at a 2 s pace, plus the first push and the drift repairs it may take.
+        assert!(pushes <= 1 + 3 + 4 + 1, "{pushes} pushes in 6 s: {:?}", h.fake.calls());
         h.stop().await;
     }
 }

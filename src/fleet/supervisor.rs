@@ -14,7 +14,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::{AbortHandle, Id, JoinSet};
 use tracing::{error, info, warn};
 
-use super::driver::{Desired, DriverSettings, PodActions, PodDriver, PodTarget};
+use super::driver::{PodActions, PodDriver};
+use super::pod::{Desired, DriverSettings, PodTarget};
 use crate::journal::{Journal, PodUid};
 
 /// The pods the fleet knows of.
@@ -152,8 +153,8 @@ mod tests {
     use super::*;
     use crate::dataplane::ConfigVersion;
     use crate::files::{FileSet, RenderedFile};
-    use crate::fleet::driver::{ActionError, Patched, Reading, StoredCopy, Validation};
     use crate::fleet::machine::{FileChecksums, State};
+    use crate::fleet::pod::{ActionError, Patched, Reading, StoredCopy, Validation};
     use crate::journal::LeaderTerm;
 
     /// Scripted pods by UID: each runs what was last pushed to it; some fail, some are slow.

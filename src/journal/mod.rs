@@ -24,8 +24,8 @@ use tracing::{error, info};
 
 use crate::dataplane::{ConfigVersion, StorageKind};
 use crate::files::Checksum;
-use crate::fleet::driver::{PodVersions, StoredCopy};
 use crate::fleet::machine::{FileChecksums, State};
+use crate::fleet::pod::{PodVersions, StoredCopy};
 use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;

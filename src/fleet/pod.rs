@@ -1,0 +1,162 @@
+//! The plain data of one pod's deployment: who the pod is, what it should run, what reading,
+//! validating, pushing or patching it came to, and the driver's settings. Both the driver's
+//! pure core and its IO shell speak these types; nothing here does IO.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::machine::FileChecksums;
+use crate::config::HaproxyVersion;
+use crate::dataplane::ConfigVersion;
+use crate::files::{Checksum, FileSet};
+use crate::journal::{LeaderTerm, PodUid};
+use crate::plan::AddressChanges;
+use crate::telemetry::traces::TraceParent;
+
+/// The pod a driver works on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodTarget {
+    /// Identity.
+    pub uid: PodUid,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Where its Dataplane API answers, e.g. `http://10.0.0.7:5555/v3`.
+    pub endpoint: String,
+}
+
+/// What the controller wants every pod to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// The files.
+    pub files: Arc<FileSet>,
+    /// Their checksums, as the machine compares them.
+    pub checksums: FileChecksums,
+    /// The reconciliation that rendered them, whose trace the pods' work joins.
+    pub trace: Option<TraceParent>,
+    /// The oldest HAProxy the configuration supports: older pods are given nothing.
+    pub minimum_haproxy: Option<HaproxyVersion>,
+}
+
+/// The checksums a pod running `files` shows a verification, as the machine compares them.
+pub fn deployed_checksums(files: &FileSet) -> FileChecksums {
+    // Every file by its content's checksum; a pod's certificates by the checksums its
+    // certificate manifest names (the Dataplane API never gives a certificate back).
+    files.entries().map(|(name, file)| (name, file.checksum)).collect()
+}
+
+impl Desired {
+    /// Wraps a render.
+    pub fn new(files: FileSet) -> Self {
+        let checksums = deployed_checksums(&files);
+        Self { files: Arc::new(files), checksums, trace: None, minimum_haproxy: None }
+    }
+
+    /// The same render, for pods whose HAProxy is at least `minimum`.
+    pub fn requiring(self, minimum: Option<HaproxyVersion>) -> Self {
+        Self { minimum_haproxy: minimum, ..self }
+    }
+
+    /// The same render, traced under `trace`.
+    pub fn traced(self, trace: Option<TraceParent>) -> Self {
+        Self { trace, ..self }
+    }
+
+    /// The checksum of the desired `haproxy.cfg`, as spans show it.
+    pub fn main_checksum(&self) -> String {
+        self.checksums.iter().find(|(name, _)| name == "haproxy.cfg").map(|(_, c)| c.to_string()).unwrap_or_default()
+    }
+}
+
+/// The answer of a validation on the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Validation {
+    /// HAProxy accepted the configuration.
+    Passed,
+    /// HAProxy refused it, with its message.
+    Rejected(String),
+}
+
+/// A configuration haptic pushed, as the pod stores it. The Dataplane API does not keep the
+/// text it is sent but its own parser's layout of it, so a push is recognised on the pod by
+/// the checksum of that layout, learnt from the push's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredCopy {
+    /// The checksum of the rendered `haproxy.cfg` that was pushed.
+    pub render: Checksum,
+    /// The checksum of the file as the pod stores it, without its version lines.
+    pub stored: Checksum,
+    /// The configuration version the push left: the base of the next write.
+    pub version: ConfigVersion,
+}
+
+/// What a verification read on a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// The pod's files as the machine compares them (`haproxy.cfg` as the render it is a
+    /// copy of, when it is recognised as one).
+    pub observed: FileChecksums,
+    /// The pod's configuration version: the base of the next write.
+    pub version: ConfigVersion,
+    /// The push the pod's configuration file is a copy of, when it is recognised as one.
+    pub copy: Option<StoredCopy>,
+    /// What the pod's HAProxy does with open connections when a server's address changes at
+    /// run time (from its version; the cautious answer when it cannot be read).
+    pub address_changes: AddressChanges,
+    /// The versions the pod reports.
+    pub versions: PodVersions,
+}
+
+/// The versions a pod reports, as read (`None`: it did not say, or could not be asked).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodVersions {
+    /// HAProxy's, from its runtime (`2.8.25-5cf5d0683`).
+    pub haproxy: Option<String>,
+    /// The Dataplane API's (`v3.2.7 3f1e3ef3`).
+    pub dataplane_api: Option<String>,
+}
+
+/// What a runtime patch came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Patched {
+    /// Written, applied and read back as intended: the configuration as the pod now stores it,
+    /// or `None` when it was not rewritten (only maps or certificates changed).
+    Taken(Option<StoredCopy>),
+    /// Not applied as intended: a full sync follows, on top of this configuration version when
+    /// it is known (the patch may have written the file, or left it as it was).
+    NotTaken(Option<ConfigVersion>),
+}
+
+/// Why an action did not complete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionError {
+    /// Unreachable, timed out, an unexpected answer: retried with backoff.
+    Failed(String),
+    /// The pod's configuration version moved since it was read: someone else wrote.
+    VersionConflict(String),
+    /// HAProxy refused to reload with the pushed file; the Dataplane API put the last good one back.
+    ReloadFailed(String),
+}
+
+impl fmt::Display for ActionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed(error) | Self::VersionConflict(error) | Self::ReloadFailed(error) => f.write_str(error),
+        }
+    }
+}
+
+/// Driver settings.
+#[derive(Clone, Debug)]
+pub struct DriverSettings {
+    /// How often an InSync pod is checked for drift.
+    pub drift_interval: Duration,
+    /// The leader term this replica deploys in (0 without leader election); journal records
+    /// of another term are not trusted until the pod confirms them.
+    pub term: LeaderTerm,
+    /// The least time between two reloads of this pod: a render that needs one sooner waits,
+    /// and renders meanwhile coalesce into that one reload. Runtime patches are not paced.
+    pub min_reload_interval: Duration,
+}
