@@ -145,6 +145,9 @@ pub(crate) struct Route {
     host: Value,
     path: Value,
     path_length: usize,
+    /// When its Ingress was created (seconds since the epoch; `u32::MAX` when it does not say):
+    /// the oldest Ingress keeps a host and path, or an SSL-passthrough host, that several ask for.
+    created: u32,
     path_type: Value,
     prefix_key: Value,
     host_kind: &'static str,
@@ -224,6 +227,8 @@ impl Object for Route {
             "host" => self.host.clone(),
             "path" => self.path.clone(),
             "path_length" => Value::from(self.path_length),
+            "created" => Value::from(self.created),
+            "precedence" => Value::from(precedence(self.path_length, self.created)),
             "path_type" => self.path_type.clone(),
             "prefix_key" => self.prefix_key.clone(),
             "host_kind" => Value::from(self.host_kind),
@@ -245,6 +250,8 @@ impl Object for Route {
             "host",
             "path",
             "path_length",
+            "created",
+            "precedence",
             "path_type",
             "prefix_key",
             "host_kind",
@@ -256,6 +263,77 @@ impl Object for Route {
             "passthrough",
         ])
     }
+}
+
+/// `ingress_tls(ingress)`: the Ingress's `spec.tls` entries as `{secretName, hosts, created}`,
+/// each host one its own rules route. An entry without hosts is for the hosts of the
+/// Ingress's rules (never for whatever names its certificate holds: that would let it serve
+/// hosts other Ingresses route). A host none of its rules routes (a wildcard counts for the
+/// hosts one label under it) is refused, the Ingress blamed: a certificate is served only for
+/// a host the Ingress routes. `created` orders entries oldest first (see `precedence`).
+pub(crate) fn ingress_tls(ingress: &Value) -> Result<Value, Error> {
+    let metadata = attr(ingress, "metadata");
+    let spec = attr(ingress, "spec");
+    let mut routed: Vec<String> = Vec::new();
+    let rules = spec.as_ref().and_then(|spec| attr(spec, "rules"));
+    for rule in rules.iter().flat_map(|r| r.try_iter().ok()).flatten() {
+        if let Some(host) = attr(&rule, "host").filter(|h| !h.to_string().is_empty()) {
+            routed.push(super::filters::hostname(&host.to_string())?);
+        }
+    }
+    let created = created_at(metadata.as_ref());
+    let mut entries = Vec::new();
+    let tls = spec.as_ref().and_then(|spec| attr(spec, "tls"));
+    for (entry_index, entry) in tls.iter().flat_map(|t| t.try_iter().ok()).flatten().enumerate() {
+        let mut hosts = Vec::new();
+        let listed = attr(&entry, "hosts");
+        for (host_index, host) in listed.iter().flat_map(|h| h.try_iter().ok()).flatten().enumerate() {
+            let host = super::filters::hostname(&host.to_string())?;
+            if !routed.iter().any(|rule_host| tls_host_covers(&host, rule_host)) {
+                let field = format!("spec.tls[{entry_index}].hosts[{host_index}]");
+                return Err(super::context::refuse(
+                    ingress,
+                    &field,
+                    "ingress_tls: the TLS host is not a host of this Ingress's rules; a certificate is served only for hosts the Ingress routes",
+                ));
+            }
+            hosts.push(Value::from(host));
+        }
+        if hosts.is_empty() {
+            hosts = routed.iter().map(|host| Value::from(host.as_str())).collect();
+        }
+        let secret_name = attr(&entry, "secretName").unwrap_or_else(|| Value::from(""));
+        let fields = [("secretName", secret_name), ("hosts", Value::from(hosts)), ("created", Value::from(created))];
+        entries.push(Value::from(fields.into_iter().collect::<std::collections::BTreeMap<_, _>>()));
+    }
+    Ok(Value::from(entries))
+}
+
+/// Whether a certificate for `tls_host` may serve `rule_host`: the same name, or a wildcard
+/// one label above it (`*.example.com` for `shop.example.com`, as TLS wildcards match).
+fn tls_host_covers(tls_host: &str, rule_host: &str) -> bool {
+    tls_host == rule_host
+        || tls_host
+            .strip_prefix("*.")
+            .is_some_and(|suffix| rule_host.split_once('.').is_some_and(|(label, rest)| label != "*" && rest == suffix))
+}
+
+/// When an object was created, in seconds since the epoch, from its metadata's
+/// `creationTimestamp` (`u32::MAX`, the newest, when it does not say, as in offline renders).
+fn created_at(metadata: Option<&Value>) -> u32 {
+    metadata
+        .and_then(|m| attr(m, "creationTimestamp"))
+        .and_then(|t| t.as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok()))
+        .map_or(u32::MAX, |t| u32::try_from(t.as_second().max(0)).unwrap_or(u32::MAX))
+}
+
+/// A route's place among the routes of a map, highest first: longest path first, then oldest
+/// Ingress first. The first route to claim a host and path keeps it, so a later Ingress in
+/// any namespace cannot take a host and path an older one routes (as the Gateway API decides
+/// between routes: oldest, then by namespace and name, the order routes are pushed in).
+fn precedence(path_length: usize, created: u32) -> i64 {
+    let length = i64::try_from(path_length.min(u32::MAX as usize)).unwrap_or(i64::from(u32::MAX));
+    (length << 32) | i64::from(u32::MAX - created)
 }
 
 /// `ingress_routes(ingress)`: one route per (rule, path) of a `networking.k8s.io/v1` Ingress,
@@ -294,6 +372,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
             })
         });
     let ingress_fingerprint = super::memo::fingerprint(ingress);
+    let created = created_at(metadata.as_ref());
     let mut routes = Vec::new();
     let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
     for (rule_index, rule) in rules.iter().flat_map(|r| r.try_iter().ok()).flatten().enumerate() {
@@ -319,6 +398,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 ingress_object: ingress.clone(),
                 host: host.clone(),
                 path_length: prefix.len(),
+                created,
                 path: Value::from(prefix),
                 path_type: attr(&path, "pathType").unwrap_or_else(|| Value::from("Prefix")),
                 prefix_key: Value::from(prefix_key),
@@ -802,6 +882,52 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn routes_put_a_longer_path_first_then_an_older_ingress() {
+        let route = |created: &str, path: &str| {
+            let ingress = Value::from(Serde(json!({
+                "metadata": {"namespace": "zzz", "name": "shop", "creationTimestamp": created},
+                "spec": {"rules": [{"host": "shop.example.com", "http": {"paths": [{"path": path}]}}]}
+            })));
+            let routes = ingress_routes(&ingress).unwrap();
+            routes.get_item(&Value::from(0)).unwrap().get_attr("precedence").unwrap().as_i64().unwrap()
+        };
+        let old = route("2026-01-01T00:00:00Z", "/");
+        let new = route("2026-06-01T00:00:00Z", "/");
+        assert!(old > new, "the older Ingress goes first");
+        assert!(route("2026-06-01T00:00:00Z", "/shop") > old, "a longer path goes first whatever its age");
+        assert!(route("not a time", "/") < new, "an Ingress that does not say when it was made goes last");
+    }
+
+    #[test]
+    fn tls_hosts_are_the_hosts_an_ingress_routes_and_no_other() {
+        let ingress = |tls: serde_json::Value| {
+            Value::from(Serde(json!({
+                "metadata": {"namespace": "aaa", "name": "shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"rules": [{"host": "shop.example.com"}, {"host": "*.apps.example.com"}], "tls": tls}
+            })))
+        };
+        let hosts = |tls| -> Vec<String> {
+            let entries = ingress_tls(&ingress(tls)).unwrap();
+            let entry = entries.get_item(&Value::from(0)).unwrap();
+            entry.get_attr("hosts").unwrap().try_iter().unwrap().map(|h| h.to_string()).collect()
+        };
+        assert_eq!(hosts(json!([{"secretName": "s", "hosts": ["shop.example.com"]}])), ["shop.example.com"]);
+        assert_eq!(
+            hosts(json!([{"secretName": "s"}])),
+            ["shop.example.com", "*.apps.example.com"],
+            "an entry without hosts is for the hosts the Ingress routes, not for its certificate's names"
+        );
+        assert_eq!(hosts(json!([{"secretName": "s", "hosts": ["*.example.com"]}])), ["*.example.com"]);
+        for stolen in ["victim.example.org", "*.other.example.com", "a.b.example.com"] {
+            let refused = ingress_tls(&ingress(json!([{"secretName": "s", "hosts": ["shop.example.com", stolen]}])))
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains("not a host of this Ingress's rules"), "{stolen}: {refused}");
+            assert!(!refused.contains(stolen), "a refusal never quotes the value: {refused}");
+        }
     }
 
     #[test]

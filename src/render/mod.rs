@@ -239,6 +239,7 @@ impl Renderer {
             library::endpoints(&slices, port_name.as_ref())
         });
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
+        env.add_function("ingress_tls", |ingress: Value| library::ingress_tls(&ingress));
         env.add_function(
             "ingress_settings",
             |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {

@@ -221,12 +221,13 @@ impl ResourceStore {
         let parse = |paths: &[String]| paths.iter().map(|path| FieldPath::parse(path)).collect::<Result<Vec<_>, _>>();
         let index_by = parse(&watched.index_by)?;
         let ignore_fields = parse(&watched.ignore_fields)?;
-        // An object's identity and its index and ignored values are kept whatever `fields` says:
-        // the store and the status writer need them.
+        // An object's identity, its age and its index and ignored values are kept whatever
+        // `fields` says: the store, the status writer and contested routes (oldest wins) need them.
         let projection = if watched.fields.is_empty() {
             None
         } else {
-            let always = ["apiVersion", "kind", "metadata.namespace", "metadata.name"].map(String::from);
+            let always = ["apiVersion", "kind", "metadata.namespace", "metadata.name", "metadata.creationTimestamp"]
+                .map(String::from);
             let kept = parse(&[&always[..], &watched.fields].concat())?;
             Some(Projection::new(kept.iter().chain(&index_by).chain(&ignore_fields))?)
         };
