@@ -440,6 +440,11 @@ pub async fn run(
                     }
                     Err(message) => {
                         facts.render = Some(RenderFact::Failed { message });
+                        // Pods that came meanwhile get the last good render: while renders
+                        // fail, a new or scaled-up pod is not left unconfigured.
+                        if let (Some(deployer), Some((files, trace))) = (deployer.as_mut(), &last_render) {
+                            deploy_render(deployer, active, files.clone(), trace.clone());
+                        }
                         continue;
                     }
                 };
