@@ -237,3 +237,72 @@ async fn hostile_values_are_refused_with_an_event_naming_the_field_and_reach_no_
     }
     Ok(())
 }
+
+/// Endpoint addresses that are not IP addresses HAProxy may be sent to (issue #45, defect 10):
+/// an FQDN EndpointSlice naming a cloud metadata service is refused with an Event naming the
+/// address's field, while the Service's other slice and every Ingress keep being served, and no
+/// pod's files hold the name. (Loopback and link-local IPs the API server refuses itself, as
+/// this test checks; haptic refuses them too, for stores fed some other way: unit-tested.)
+#[tokio::test]
+async fn an_fqdn_endpoint_slice_is_refused_and_the_rest_served() -> Result<()> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let client = env.kube_client().await?;
+    let namespace = library_namespace(env, &client, "hostile-endpoints").await?;
+    let address = backend_host_address()?;
+    let work = tempfile::tempdir()?;
+    let _backends = start_backends(work.path(), &address, &[("svc-good".to_owned(), BACKEND_PORT + 1)])?;
+    service_with_endpoints(&client, &namespace, "svc-good", &address, BACKEND_PORT + 1).await?;
+    apply_library_config_for_pods(&client, &namespace, "hostile").await?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let good = env::standalone::ingress_to("good", "good.example.com", "svc-good")?;
+    ingresses.create(&PostParams::default(), &good).await?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &work.path().join("journal"))?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+
+    // The same Service gets hostile slices beside its good one.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let slice = |name: &str, kind: &str, target: &str| -> Result<EndpointSlice> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": "svc-good"}},
+            "addressType": kind,
+            "ports": [{"name": "http", "port": 5555}],
+            "endpoints": [{"addresses": [target], "conditions": {"ready": true}}]
+        }))?)
+    };
+    for (name, target) in [("svc-good-loopback", "127.0.0.1"), ("svc-good-metadata", "169.254.169.254")] {
+        match slices.create(&PostParams::default(), &slice(name, "IPv4", target)?).await {
+            Err(kube::Error::Api(refusal)) if refusal.code == 422 => {}
+            other => bail!("the API server took an EndpointSlice at {target}: {other:?}"),
+        }
+    }
+    let fqdn = "metadata.google.internal";
+    slices.create(&PostParams::default(), &slice("svc-good-fqdn", "FQDN", fqdn)?).await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let deadline = Instant::now() + WITHIN;
+    let note = loop {
+        let found = events.list(&ListParams::default()).await?.items.into_iter().find(|event| {
+            event.reason.as_deref() == Some("Refused")
+                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("svc-good-fqdn")
+        });
+        if let Some(event) = found {
+            break event.note.unwrap_or_default();
+        }
+        if Instant::now() > deadline {
+            bail!("no Refused Event on the FQDN slice\n{}", controller.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    ensure!(note.contains("endpoints[0].addresses[0]"), "the Event does not name the field: {note}");
+    ensure!(!note.contains(fqdn), "the Event quotes the value: {note}");
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    env::every_pod_answers(env, "good.example.com", "svc-good", Duration::from_millis(100)).await?;
+    for pod in &env.pods {
+        for (name, content) in pod_files(pod)? {
+            let text = String::from_utf8_lossy(&content);
+            ensure!(!text.contains(fqdn), "{}: {name} sends HAProxy to a metadata service", pod.name);
+        }
+    }
+    Ok(())
+}

@@ -63,7 +63,7 @@ pub(crate) fn endpoints(slices: &Value, port_name: Option<&Value>) -> Result<Val
         // A stored slice is read in place: at 10,000 Services, making a template value of each
         // of its parts was a tenth of the default library's render.
         if let Some(members) = super::context::stored_members(&slice) {
-            stored_slice_endpoints(members, wanted, &mut found);
+            stored_slice_endpoints(&slice, members, wanted, &mut found)?;
             continue;
         }
         let Some(ports) = attr(&slice, "ports") else { continue };
@@ -78,13 +78,14 @@ pub(crate) fn endpoints(slices: &Value, port_name: Option<&Value>) -> Result<Val
         };
         let Some(port_number) = attr(&port, "port") else { continue };
         let Some(endpoints) = attr(&slice, "endpoints") else { continue };
-        for endpoint in endpoints.try_iter().ok().into_iter().flatten() {
+        for (endpoint_index, endpoint) in endpoints.try_iter().ok().into_iter().flatten().enumerate() {
             let conditions = attr(&endpoint, "conditions");
             let ready = flag(conditions.as_ref(), "ready").unwrap_or(true);
             let serving = flag(conditions.as_ref(), "serving").unwrap_or(ready);
             let terminating = flag(conditions.as_ref(), "terminating").unwrap_or(false);
             let Some(addresses) = attr(&endpoint, "addresses") else { continue };
-            for address in addresses.try_iter().ok().into_iter().flatten() {
+            for (address_index, address) in addresses.try_iter().ok().into_iter().flatten().enumerate() {
+                let address = endpoint_address(&slice, address, endpoint_index, address_index)?;
                 found.push(Value::from_object(Endpoint {
                     address,
                     port: port_number.clone(),
@@ -98,11 +99,48 @@ pub(crate) fn endpoints(slices: &Value, port_name: Option<&Value>) -> Result<Val
     Ok(Value::from(found))
 }
 
+/// An endpoint's address as HAProxy is given it: an IP address in its plain form, never a
+/// name (an FQDN EndpointSlice would have HAProxy resolve whatever it holds: its own Dataplane
+/// API, a cloud metadata service) and never a loopback, link-local, unspecified or multicast
+/// address (the HAProxy pod's own ports, the metadata service), as Kubernetes refuses them in
+/// Endpoints. Any other is refused, the EndpointSlice blamed, so the controller leaves it out.
+fn endpoint_address(slice: &Value, address: Value, endpoint: usize, index: usize) -> Result<Value, Error> {
+    let text = address.as_str().unwrap_or_default();
+    let usable = match text.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => {
+            !(ip.is_loopback() || ip.is_link_local() || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast())
+        }
+        Ok(std::net::IpAddr::V6(ip)) => {
+            let link_local = ip.segments()[0] & 0xffc0 == 0xfe80;
+            let mapped = ip.to_ipv4_mapped().is_some();
+            !(ip.is_loopback() || link_local || ip.is_unspecified() || ip.is_multicast() || mapped)
+        }
+        Err(_) => false,
+    };
+    if !usable {
+        let field = format!("endpoints[{endpoint}].addresses[{index}]");
+        return Err(super::context::refuse(
+            slice,
+            &field,
+            "endpoints: the address is not one HAProxy may be sent to (an IP address, not a name, \
+             not loopback, link-local, unspecified or multicast)",
+        ));
+    }
+    // The plain form (`::ffff:…` and zero-padded IPv6 written as HAProxy reads them).
+    let plain = text.parse::<std::net::IpAddr>().map(|ip| ip.to_string()).unwrap_or_default();
+    Ok(if plain == text { address } else { Value::from(plain) })
+}
+
 /// `endpoints(...)` of one stored EndpointSlice, read from its compact tree; the same answers
 /// as the template-value walk above (a unit test holds them together).
-fn stored_slice_endpoints(members: &[(Arc<str>, Node)], wanted: Option<&str>, found: &mut Vec<Value>) {
+fn stored_slice_endpoints(
+    slice: &Value,
+    members: &[(Arc<str>, Node)],
+    wanted: Option<&str>,
+    found: &mut Vec<Value>,
+) -> Result<(), Error> {
     let present = |key: &str| compact::member(members, key).filter(|node| !matches!(node, Node::Null));
-    let Some(ports) = present("ports") else { return };
+    let Some(ports) = present("ports") else { return Ok(()) };
     let Some(port) = ports.items().iter().find(|port| {
         let name = port.get("name").and_then(Node::as_str);
         match wanted {
@@ -110,20 +148,20 @@ fn stored_slice_endpoints(members: &[(Arc<str>, Node)], wanted: Option<&str>, fo
             None => name.is_none_or(str::is_empty),
         }
     }) else {
-        return;
+        return Ok(());
     };
-    let Some(port_number) = port.get("port").map(Node::to_value) else { return };
-    let Some(endpoints) = present("endpoints") else { return };
-    for endpoint in endpoints.items() {
+    let Some(port_number) = port.get("port").map(Node::to_value) else { return Ok(()) };
+    let Some(endpoints) = present("endpoints") else { return Ok(()) };
+    for (endpoint_index, endpoint) in endpoints.items().iter().enumerate() {
         let conditions = endpoint.get("conditions");
         let flag = |name: &str| conditions.and_then(|c| c.get(name)).map(|v| v.to_value().is_true());
         let ready = flag("ready").unwrap_or(true);
         let serving = flag("serving").unwrap_or(ready);
         let terminating = flag("terminating").unwrap_or(false);
         let Some(addresses) = endpoint.get("addresses") else { continue };
-        for address in addresses.items() {
+        for (address_index, address) in addresses.items().iter().enumerate() {
             found.push(Value::from_object(Endpoint {
-                address: address.to_value(),
+                address: endpoint_address(slice, address.to_value(), endpoint_index, address_index)?,
                 port: port_number.clone(),
                 ready,
                 serving,
@@ -131,6 +169,7 @@ fn stored_slice_endpoints(members: &[(Arc<str>, Node)], wanted: Option<&str>, fo
             }));
         }
     }
+    Ok(())
 }
 
 /// One (rule, path) of an Ingress, as `ingress_routes(...)` gives it.
@@ -1030,8 +1069,9 @@ mod tests {
             second,
             "    server srv1 127.0.0.1:1 disabled\n    server srv2 10.0.0.3:8080\n    server srv3 127.0.0.1:1 disabled"
         );
+        // An address that is not an IP address never reaches the lines (`endpoints` refuses it).
         let hostile = lines(&slices(&[("10.0.0.1 backup", true)]), Value::from(""), 3).unwrap_err();
-        assert!(hostile.to_string().contains("bare_word"), "{hostile}");
+        assert!(hostile.to_string().contains("not one HAProxy may be sent to"), "{hostile}");
         let unvetted = lines(&slices(&[("10.0.0.1", true)]), Value::from(" check"), 3).unwrap_err();
         assert!(unvetted.to_string().contains("vetted"), "{unvetted}");
     }
@@ -1080,6 +1120,35 @@ mod tests {
         }
         let http = describe(endpoints(&Value::from(stored), Some(&Value::from("http"))).unwrap());
         assert_eq!(http.len(), 4, "a port without a number gives no endpoint: {http:?}");
+    }
+
+    #[test]
+    fn endpoint_addresses_are_ip_addresses_haproxy_may_be_sent_to() {
+        let slice = |address: &str| {
+            json!({"metadata": {"name": "s", "namespace": "web"}, "addressType": "FQDN",
+                   "ports": [{"port": 80}], "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": [address]}]})
+        };
+        let store = crate::store::ResourceStore::new("EndpointSlice", vec![]);
+        let both = |address: &str| {
+            let stored = super::super::context::tracked_value(&store.prepare(slice(address)).unwrap());
+            [Value::from(vec![stored]), Value::from(vec![Value::from(Serde(slice(address)))])]
+        };
+        for refused in
+            ["dataplane.haptic.svc", "127.0.0.1", "::1", "169.254.169.254", "fe80::1", "0.0.0.0", "::ffff:127.0.0.1"]
+        {
+            for slices in both(refused) {
+                let error = endpoints(&slices, None).unwrap_err().to_string();
+                assert!(error.contains("not one HAProxy may be sent to"), "{refused}: {error}");
+                assert!(!error.contains(refused), "a refusal never quotes the value: {error}");
+            }
+        }
+        for (given, plain) in [("10.0.0.2", "10.0.0.2"), ("2001:db8:0:0:0:0:0:1", "2001:db8::1")] {
+            for slices in both(given) {
+                let list = endpoints(&slices, None).unwrap();
+                let address = list.get_item(&Value::from(1)).unwrap().get_attr("address").unwrap();
+                assert_eq!(address.to_string(), plain);
+            }
+        }
     }
 
     #[test]
