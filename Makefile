@@ -9,7 +9,8 @@ TEST_ENV_NET ?= 1
 PYTHON ?= python3
 ENVCTL = $(PYTHON) tests/env/envctl.py
 
-.PHONY: demo test env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz image
+# `make soak`: the tests whose length scales with HAPTIC_SOAK (the issue-sized runs), on their own environment.
+.PHONY: demo test soak env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz image
 
 ## Bring up the local environment and show a request routed through HAProxy to a backend.
 demo: build
@@ -48,6 +49,18 @@ test-integration: build env-install image
 	status=$$?; \
 	if [ $$status -eq 0 ]; then \
 		HAPTIC_IMAGE_DIR=$(abspath $(IMAGE_DIR)) HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test --no-fail-fast --tests -- --test-threads=4; \
+		status=$$?; \
+	fi; \
+	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
+	exit $$status
+
+## Soak-sized runs of the live tests that take HAPTIC_SOAK (tests/reload_pace.rs: 60 s of changes every 300 ms).
+SOAK_TESTS ?= reload_pace
+soak: build env-install
+	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
+	status=$$?; \
+	if [ $$status -eq 0 ]; then \
+		HAPTIC_SOAK=1 HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test $(addprefix --test ,$(SOAK_TESTS)) -- --nocapture; \
 		status=$$?; \
 	fi; \
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
