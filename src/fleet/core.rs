@@ -257,6 +257,8 @@ pub struct DriverCore {
     pending: VecDeque<Action>,
     retry_at: Option<Instant>,
     drift_at: Instant,
+    /// The state of the drift checks' jitter (xorshift, seeded from the pod's UID).
+    jitter: u64,
     pace: Pace,
 }
 
@@ -281,7 +283,10 @@ impl DriverCore {
             None => (None, 0),
         };
         let machine = PodMachine::new(desired.checksums.clone(), pushed);
-        let drift_at = now + settings.drift_interval;
+        // Pods that start together (a controller start, a new leader) spread their first drift
+        // check over the second half of the interval, each at a point its UID picks.
+        let mut jitter = seed(&target.uid.0);
+        let drift_at = now + settings.drift_interval.mul_f64(0.5 + 0.5 * next_fraction(&mut jitter));
         Self {
             target,
             settings,
@@ -302,6 +307,7 @@ impl DriverCore {
             pending: VecDeque::from([Action::Verify]),
             retry_at: None,
             drift_at,
+            jitter,
             pace: Pace::default(),
         }
     }
@@ -348,7 +354,10 @@ impl DriverCore {
                 Some(Event::RetryDue)
             }
             Input::Timer(Timer::Drift) => {
-                self.drift_at = clock.now + self.settings.drift_interval;
+                // Every later check comes within the interval, a fifth of it at random earlier,
+                // so the pods' checks stay spread however they started.
+                let fraction = 0.8 + 0.2 * next_fraction(&mut self.jitter);
+                self.drift_at = clock.now + self.settings.drift_interval.mul_f64(fraction);
                 self.cause = Cause::DriftCheck;
                 Some(Event::DriftTick)
             }
@@ -622,6 +631,25 @@ impl Pace {
     }
 }
 
+/// A jitter seed from a pod's UID (FNV-1a; never zero, which xorshift would keep).
+fn seed(uid: &str) -> u64 {
+    let hash = uid
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
+    hash.max(1)
+}
+
+/// The next number in [0, 1) of a xorshift sequence.
+fn next_fraction(state: &mut u64) -> f64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    // The top 53 bits, as many as an f64 holds exactly.
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// The machine's event for an action that did not complete.
 fn failed(error: ActionError, notes: &mut Vec<Note>) -> Event {
     match error {
@@ -890,6 +918,37 @@ mod tests {
             world.wait(Duration::from_secs(20));
             prop_assert_eq!(world.reloads.len(), settled, "a reload while nothing changed");
         }
+    }
+
+    #[test]
+    fn pods_that_start_together_spread_their_drift_checks_within_the_interval() {
+        let now = Instant::now();
+        let settings = DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: PACE,
+        };
+        let mut firsts = Vec::new();
+        for pod in 0..20 {
+            let target = PodTarget {
+                uid: PodUid(format!("0b1c{pod}-uid")),
+                namespace: "haptic".into(),
+                name: format!("haproxy-{pod}"),
+                endpoint: String::new(),
+            };
+            let mut core = DriverCore::new(target, settings.clone(), render(0, 1, false), None, now);
+            let (first, timer) = core.next_timer();
+            assert_eq!(timer, Timer::Drift);
+            assert!(first - now >= Duration::from_secs(30) && first - now <= Duration::from_secs(60));
+            firsts.push((first - now).as_secs());
+            let clock = Clock { now: first, wall: SystemTime::UNIX_EPOCH };
+            core.step(Input::Timer(Timer::Drift), clock);
+            let (second, _) = core.next_timer();
+            assert!(second - first >= Duration::from_secs(48) && second - first <= Duration::from_secs(60));
+        }
+        firsts.sort_unstable();
+        firsts.dedup();
+        assert!(firsts.len() >= 12, "20 pods' first checks fall in {} distinct seconds", firsts.len());
     }
 
     /// The defect this core was written to end: a render held for the pace while a drift repair

@@ -69,13 +69,31 @@ pub trait PodActions: Send + Sync + 'static {
     fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
 }
 
+/// The fleet's bounds on actions in flight at once, shared by every driver.
+#[derive(Clone, Debug)]
+pub struct ActionSlots {
+    /// Validations, pushes and runtime patches (`maxParallel`).
+    pub deploy: Arc<Semaphore>,
+    /// Verifications: each downloads the pod's configuration, so drift checks and a new
+    /// leader's first reads of every pod are bounded too.
+    pub verify: Arc<Semaphore>,
+}
+
+impl ActionSlots {
+    /// `parallel` of each kind.
+    pub fn new(parallel: usize) -> Self {
+        let parallel = parallel.max(1);
+        Self { deploy: Arc::new(Semaphore::new(parallel)), verify: Arc::new(Semaphore::new(parallel)) }
+    }
+}
+
 /// Drives one pod until `stop` turns true.
 pub struct PodDriver<A: PodActions> {
     target: PodTarget,
     core: DriverCore,
     journal: Arc<Journal>,
     actions: Arc<A>,
-    deploy_slots: Arc<Semaphore>,
+    slots: ActionSlots,
     /// The span of the work in progress: one event and the actions it led to.
     span: tracing::Span,
 }
@@ -90,7 +108,7 @@ impl<A: PodActions> PodDriver<A> {
         target: PodTarget,
         journal: Arc<Journal>,
         actions: Arc<A>,
-        deploy_slots: Arc<Semaphore>,
+        slots: ActionSlots,
         settings: DriverSettings,
         desired: Arc<Desired>,
     ) -> Self {
@@ -105,7 +123,7 @@ impl<A: PodActions> PodDriver<A> {
                   term = %settings.term, "journal record from another leader term: verifying the pod before trusting it");
         }
         let core = DriverCore::new(target.clone(), settings, desired, record, Instant::now());
-        Self { target, core, journal, actions, deploy_slots, span: tracing::Span::none() }
+        Self { target, core, journal, actions, slots, span: tracing::Span::none() }
     }
 
     /// The machine, for inspection.
@@ -231,12 +249,16 @@ impl<A: PodActions> PodDriver<A> {
     }
 
     /// Performs one action on the pod (deployments of different pods in parallel up to
-    /// maxParallel; a verification is cheap), timed and traced.
+    /// maxParallel, verifications likewise), timed and traced.
     async fn perform(&self, work: Work) -> Outcome {
-        let slots = self.deploy_slots.clone();
-        let _slot = match work.action() {
-            Action::Validate | Action::Push | Action::RuntimePatch => slots.acquire().await.ok(),
-            _ => None,
+        let slots = match work.action() {
+            Action::Validate | Action::Push | Action::RuntimePatch => Some(&self.slots.deploy),
+            Action::Verify => Some(&self.slots.verify),
+            Action::RestoreFiles | Action::ScheduleRetry => None,
+        };
+        let _slot = match slots {
+            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            None => None,
         };
         let timer = ActionTimer::start(work.action());
         let span =
@@ -535,7 +557,7 @@ mod tests {
             target(),
             journal.clone(),
             fake.clone(),
-            Arc::new(Semaphore::new(2)),
+            ActionSlots::new(2),
             settings,
             first.clone(),
         );

@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::{AbortHandle, Id, JoinSet};
 use tracing::{error, info, warn};
 
-use super::driver::{PodActions, PodDriver};
+use super::driver::{ActionSlots, PodActions, PodDriver};
 use super::pod::{Desired, DriverSettings, PodTarget};
 use crate::journal::{Journal, PodUid};
 
@@ -46,7 +46,7 @@ pub async fn run<A: PodActions>(
     mut pods: watch::Receiver<FleetPods>,
     desired: watch::Receiver<Arc<Desired>>,
 ) {
-    let slots = Arc::new(Semaphore::new(max_parallel.max(1)));
+    let slots = ActionSlots::new(max_parallel);
     let mut drivers: JoinSet<()> = JoinSet::new();
     let mut running: BTreeMap<PodUid, Running> = BTreeMap::new();
     let mut tasks: HashMap<Id, PodUid> = HashMap::new();
