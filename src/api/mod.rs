@@ -3,8 +3,9 @@
 //! Every error is JSON with the right status; secrets never appear (the journal holds none).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
@@ -41,6 +42,40 @@ pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// Who may read `/api/v1/*` and `/metrics`; `None` only when a flag turned it off.
     pub auth: Option<Arc<auth::KubeAuthorizer>>,
+    /// The controller's loop, beating at each turn: liveness fails when it stops.
+    pub heartbeat: Heartbeat,
+}
+
+/// How long the controller's loop may go without turning before liveness fails: it turns at
+/// least once a second (its status tick) when nothing else happens.
+pub const LOOP_STALL: Duration = Duration::from_secs(60);
+
+/// When a loop last turned, in milliseconds since the process first asked (0: never yet).
+#[derive(Clone, Debug, Default)]
+pub struct Heartbeat(Arc<AtomicU64>);
+
+impl Heartbeat {
+    /// The loop turned now.
+    pub fn beat(&self) {
+        self.0.store(u64::try_from(since_start().as_millis()).unwrap_or(u64::MAX).max(1), Ordering::Release);
+    }
+
+    /// How long since the loop last turned (`None`: it has not started, which liveness allows:
+    /// start-up is the startup probe's to judge).
+    pub fn stalled_for(&self) -> Option<Duration> {
+        self.stalled_at(since_start())
+    }
+
+    fn stalled_at(&self, now: Duration) -> Option<Duration> {
+        let last = self.0.load(Ordering::Acquire);
+        (last != 0).then(|| now.saturating_sub(Duration::from_millis(last)))
+    }
+}
+
+/// Time since this process first read the clock for a heartbeat.
+fn since_start() -> Duration {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
 }
 
 impl ApiState {
@@ -73,11 +108,7 @@ pub fn router(state: ApiState) -> Router {
 
 /// Liveness and readiness, open to all (probes carry no token) and saying nothing else.
 pub fn health_router(state: ApiState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(readyz))
-        .fallback(not_found)
-        .with_state(state)
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).fallback(not_found).with_state(state)
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -164,6 +195,23 @@ fn metrics_now(state: &ApiState) -> Response {
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.encode())
         .into_response()
+}
+
+async fn healthz(State(state): State<ApiState>) -> Response {
+    match liveness(state.heartbeat.stalled_for()) {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(why) => error(StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+/// Alive unless the controller's loop has stalled for longer than [`LOOP_STALL`].
+fn liveness(stalled: Option<Duration>) -> Result<(), String> {
+    match stalled {
+        Some(stalled) if stalled > LOOP_STALL => {
+            Err(format!("the controller's loop has not turned for {} s", stalled.as_secs()))
+        }
+        _ => Ok(()),
+    }
 }
 
 async fn readyz(State(state): State<ApiState>) -> Response {
@@ -498,6 +546,23 @@ mod tests {
             assert_eq!(status(format!("{health}{path}")).await, 404, "{path} on the health port");
         }
         assert_eq!(status(format!("{api}/healthz")).await, 404, "health on the API port");
+    }
+
+    #[tokio::test]
+    async fn liveness_fails_when_the_controller_loop_stops_turning() {
+        let (state, _dir) = state_with_a_pod();
+        let health = start_health(state.clone()).await;
+        let status = |url: String| async move { reqwest::get(url).await.unwrap().status().as_u16() };
+        assert_eq!(status(format!("{health}/healthz")).await, 200, "not started yet: the startup probe's to judge");
+        state.heartbeat.beat();
+        assert_eq!(status(format!("{health}/healthz")).await, 200);
+        // A loop that last turned at 1 ms, asked about at 30 s and at 61 s.
+        let stalled = Heartbeat::default();
+        assert_eq!(stalled.stalled_at(Duration::from_secs(61)), None, "never turned: not stalled");
+        stalled.0.store(1, Ordering::Release);
+        assert!(liveness(stalled.stalled_at(Duration::from_secs(30))).is_ok());
+        let why = liveness(stalled.stalled_at(Duration::from_secs(61))).unwrap_err();
+        assert!(why.contains("has not turned for 60 s"), "{why}");
     }
 
     fn state_with_a_pod() -> (ApiState, tempfile::TempDir) {

@@ -249,6 +249,8 @@ pub async fn run(
     };
 
     loop {
+        // Liveness: the loop turns at least once a status tick; a wedged one fails /healthz.
+        api.heartbeat.beat();
         tokio::select! {
             () = &mut shutdown => {
                 stopping = true;

@@ -553,14 +553,8 @@ mod tests {
         let fake = FakePod::new(journal.clone(), runs);
         let settings =
             DriverSettings { drift_interval, term: LeaderTerm::default(), min_reload_interval: Duration::from_secs(2) };
-        let driver = PodDriver::new(
-            target(),
-            journal.clone(),
-            fake.clone(),
-            ActionSlots::new(2),
-            settings,
-            first.clone(),
-        );
+        let driver =
+            PodDriver::new(target(), journal.clone(), fake.clone(), ActionSlots::new(2), settings, first.clone());
         let (desired_tx, desired_rx) = watch::channel(first);
         let (stop_tx, stop_rx) = watch::channel(false);
         let task = tokio::spawn(driver.run(desired_rx, stop_rx));
