@@ -32,7 +32,20 @@ struct Running {
     stop: watch::Sender<bool>,
     task: AbortHandle,
     target: PodTarget,
+    /// When it was started, and how many times in a row its driver had died before.
+    started: tokio::time::Instant,
+    deaths: u32,
 }
+
+/// How long a driver that died waits before it is started again: a second, doubling with each
+/// death in a row up to a minute, so a driver that dies at once (a bad record, a bug) does not
+/// spin. A driver that ran for [`HEALTHY_RUN`] before dying starts the count again.
+fn restart_delay(deaths: u32) -> Duration {
+    Duration::from_secs(1 << deaths.saturating_sub(1).min(6)).min(Duration::from_secs(60))
+}
+
+/// How long a driver must run before its death counts as the first in a row.
+const HEALTHY_RUN: Duration = Duration::from_secs(300);
 
 /// How long a stopping fleet waits for its drivers' actions in flight.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -50,13 +63,18 @@ pub async fn run<A: PodActions>(
     let mut drivers: JoinSet<()> = JoinSet::new();
     let mut running: BTreeMap<PodUid, Running> = BTreeMap::new();
     let mut tasks: HashMap<Id, PodUid> = HashMap::new();
-    let start = |target: PodTarget, drivers: &mut JoinSet<()>| {
-        let first = desired.borrow().clone();
-        let driver =
-            PodDriver::new(target.clone(), journal.clone(), actions.clone(), slots.clone(), settings.clone(), first);
+    let start = |target: PodTarget, drivers: &mut JoinSet<()>, deaths: u32| {
+        let (journal, actions, slots, settings) = (journal.clone(), actions.clone(), slots.clone(), settings.clone());
+        let (desired, pod) = (desired.clone(), target.clone());
+        let delay = if deaths == 0 { Duration::ZERO } else { restart_delay(deaths) };
         let (stop, stop_rx) = watch::channel(false);
-        let task = drivers.spawn(driver.run(desired.clone(), stop_rx));
-        Running { stop, task, target }
+        // Made when it starts, not before its delay: it reads its journal record then.
+        let task = drivers.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let first = desired.borrow().clone();
+            PodDriver::new(pod, journal, actions, slots, settings, first).run(desired, stop_rx).await;
+        });
+        Running { stop, task, target, started: tokio::time::Instant::now() + delay, deaths }
     };
     loop {
         let current = pods.borrow_and_update().clone();
@@ -80,7 +98,7 @@ pub async fn run<A: PodActions>(
                 continue;
             }
             info!(pod = %target.name, %uid, "pod found: starting its driver");
-            let driver = start(target, &mut drivers);
+            let driver = start(target, &mut drivers, 0);
             tasks.insert(driver.task.id(), uid.clone());
             running.insert(uid, driver);
         }
@@ -98,9 +116,12 @@ pub async fn run<A: PodActions>(
                     crate::telemetry::metrics::metrics().driver_restarts.inc();
                 }
                 if still_current && let Some(dead) = running.remove(&uid) {
-                    // A driver ends by itself only when it died: start it again from the journal.
-                    warn!(pod = %dead.target.name, %uid, "restarting the pod's driver");
-                    let driver = start(dead.target, &mut drivers);
+                    // A driver ends by itself only when it died: start it again from the journal,
+                    // after a delay that grows while it keeps dying.
+                    let deaths = if dead.started.elapsed() > HEALTHY_RUN { 1 } else { dead.deaths + 1 };
+                    let delay = restart_delay(deaths);
+                    warn!(pod = %dead.target.name, %uid, deaths, ?delay, "restarting the pod's driver");
+                    let driver = start(dead.target, &mut drivers, deaths);
                     tasks.insert(driver.task.id(), uid.clone());
                     running.insert(uid, driver);
                 }
@@ -320,6 +341,12 @@ mod tests {
         until(&journal, "b forgotten", |j| state(j, "b").is_none()).await;
         drop(pods_tx);
         fleet.await.unwrap();
+    }
+
+    #[test]
+    fn a_driver_that_keeps_dying_is_started_again_ever_more_slowly() {
+        let delays: Vec<u64> = (1..=9).map(|deaths| restart_delay(deaths).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
     }
 
     #[tokio::test(start_paused = true)]
