@@ -1,10 +1,16 @@
 //! Writes the status the Gateway API model says each object is owed (`gateway::status`): after
 //! each render, as one batch, and only for objects whose status changed since it was last
-//! written; a write that fails is retried with the next batch. Only the leader writes.
+//! written; a write that fails is retried a second later, or with the next batch. Only the
+//! leader writes. The writing runs on a task of its own ([`GatewayStatusTask`]), each write
+//! with a timeout and 8 in flight at most, so a slow API server never holds up the
+//! controller's loop (its renders, leadership changes, shutdown).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::gateway::resources::api_resource as resource;
@@ -12,8 +18,65 @@ use crate::gateway::status::{Body, ObjectStatus, StatusSet, without_times};
 
 type Key = (&'static str, String, String);
 
+/// Writes in flight at once.
+const WRITES_IN_FLIGHT: usize = 8;
+/// How long one write (a read and a patch) may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How soon what failed is tried again when no new batch comes.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The writer's task: the latest batch offered is the one written (a newer one replaces a
+/// batch not yet written); stopped when dropped.
+pub(super) struct GatewayStatusTask {
+    offers: watch::Sender<Option<StatusSet>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GatewayStatusTask {
+    /// Starts writing for objects of `controller_name`, each batch only while `may_write`.
+    pub(super) fn start(
+        client: kube::Client,
+        controller_name: String,
+        may_write: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let (offers, mut offered) = watch::channel(None::<StatusSet>);
+        let task = tokio::spawn(async move {
+            let mut writer = GatewayStatusWriter::new(client, controller_name);
+            loop {
+                let retry = writer.pending.is_some();
+                tokio::select! {
+                    changed = offered.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        if let Some(statuses) = offered.borrow_and_update().clone() {
+                            writer.offer(statuses);
+                        }
+                    }
+                    () = tokio::time::sleep(RETRY), if retry => {}
+                }
+                if may_write() {
+                    writer.flush().await;
+                }
+            }
+        });
+        Self { offers, task }
+    }
+
+    /// Hands the task the status a render owes.
+    pub(super) fn offer(&self, statuses: StatusSet) {
+        self.offers.send_replace(Some(statuses));
+    }
+}
+
+impl Drop for GatewayStatusTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The writer, with what it wrote last.
-pub(super) struct GatewayStatusWriter {
+struct GatewayStatusWriter {
     client: kube::Client,
     controller_name: String,
     written: BTreeMap<Key, ObjectStatus>,
@@ -23,18 +86,18 @@ pub(super) struct GatewayStatusWriter {
 
 impl GatewayStatusWriter {
     /// A writer for objects of `controller_name`.
-    pub(super) fn new(client: kube::Client, controller_name: String) -> Self {
+    fn new(client: kube::Client, controller_name: String) -> Self {
         Self { client, controller_name, written: BTreeMap::new(), pending: None }
     }
 
     /// Takes the status a render owes; [`Self::flush`] writes it.
-    pub(super) fn offer(&mut self, statuses: StatusSet) {
+    fn offer(&mut self, statuses: StatusSet) {
         self.pending = Some(statuses);
     }
 
     /// Writes what changed. Routes this controller wrote for and no longer attaches lose their
     /// parents of this controller.
-    pub(super) async fn flush(&mut self) {
+    async fn flush(&mut self) {
         let Some(statuses) = self.pending.take() else { return };
         let mut wanted: BTreeMap<Key, ObjectStatus> = BTreeMap::new();
         for status in &statuses {
@@ -45,12 +108,29 @@ impl GatewayStatusWriter {
                 wanted.insert(key.clone(), ObjectStatus { body: Body::Route(Vec::new()), ..before.clone() });
             }
         }
+        let todo: Vec<(Key, ObjectStatus)> =
+            wanted.into_iter().filter(|(key, status)| self.written.get(key) != Some(status)).collect();
+        // Each write owns what it needs: borrowed, the futures would not be `Send` for every
+        // lifetime, which a spawned task asks of them.
+        let writes: Vec<_> = todo
+            .into_iter()
+            .map(|(key, status)| {
+                let (client, controller_name) = (self.client.clone(), self.controller_name.clone());
+                async move {
+                    let written = write(&client, &controller_name, &status);
+                    let result = match tokio::time::timeout(WRITE_TIMEOUT, written).await {
+                        Ok(written) => written.map_err(|error| error.to_string()),
+                        Err(_) => Err(format!("no answer within {} s", WRITE_TIMEOUT.as_secs())),
+                    };
+                    (key, status, result)
+                }
+            })
+            .collect();
+        let results: Vec<(Key, ObjectStatus, Result<(), String>)> =
+            futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT).collect().await;
         let mut failed = false;
-        for (key, status) in wanted {
-            if self.written.get(&key) == Some(&status) {
-                continue;
-            }
-            match self.write(&status).await {
+        for (key, status, result) in results {
+            match result {
                 Ok(()) => {
                     if matches!(&status.body, Body::Route(parents) if parents.is_empty()) {
                         self.written.remove(&key);
@@ -69,30 +149,31 @@ impl GatewayStatusWriter {
             self.pending = Some(statuses);
         }
     }
+}
 
-    async fn write(&self, status: &ObjectStatus) -> Result<(), kube::Error> {
-        let resource = resource(status.kind);
-        let api: Api<DynamicObject> = if status.namespace.is_empty() {
-            Api::all_with(self.client.clone(), &resource)
-        } else {
-            Api::namespaced_with(self.client.clone(), &status.namespace, &resource)
-        };
-        let current = match api.get_status(&status.name).await {
-            Ok(object) => object.data.get("status").cloned().unwrap_or_default(),
-            // Gone since the render: nothing to write.
-            Err(kube::Error::Api(answer)) if answer.code == 404 => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let merged = status.merged_into(&current, &self.controller_name, &now);
-        if without_times(&merged) == without_times(&current) {
-            return Ok(());
-        }
-        debug!(kind = status.kind, namespace = %status.namespace, name = %status.name, "writing Gateway API status");
-        let patch = serde_json::json!({ "status": merged });
-        api.patch_status(&status.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        Ok(())
+/// Writes one object's status, merged into what it has (other controllers' parts kept).
+async fn write(client: &kube::Client, controller_name: &str, status: &ObjectStatus) -> Result<(), kube::Error> {
+    let resource = resource(status.kind);
+    let api: Api<DynamicObject> = if status.namespace.is_empty() {
+        Api::all_with(client.clone(), &resource)
+    } else {
+        Api::namespaced_with(client.clone(), &status.namespace, &resource)
+    };
+    let current = match api.get_status(&status.name).await {
+        Ok(object) => object.data.get("status").cloned().unwrap_or_default(),
+        // Gone since the render: nothing to write.
+        Err(kube::Error::Api(answer)) if answer.code == 404 => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let merged = status.merged_into(&current, controller_name, &now);
+    if without_times(&merged) == without_times(&current) {
+        return Ok(());
     }
+    debug!(kind = status.kind, namespace = %status.namespace, name = %status.name, "writing Gateway API status");
+    let patch = serde_json::json!({ "status": merged });
+    api.patch_status(&status.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -151,7 +151,7 @@ pub async fn run(
     let status_configs = configs.clone();
     let mut status = status::StatusWriter::new(client.clone(), configs, options.name.clone(), instance);
     let mut facts = StatusFacts::default();
-    let mut gateway_writer: Option<gateway_status::GatewayStatusWriter> = None;
+    let mut gateway_writer: Option<gateway_status::GatewayStatusTask> = None;
     let mut status_tick = tokio::time::interval(std::time::Duration::from_secs(1));
     status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut active: Option<Active> = None;
@@ -363,9 +363,6 @@ pub async fn run(
                         facts.pods = Some(pod_facts(journal, &active.watches.all_pods(), files));
                     }
                     status.publish(&facts).await;
-                    if let Some(writer) = gateway_writer.as_mut() {
-                        writer.flush().await;
-                    }
                     // At most once a tick however many arrived: at 10,000 Ingresses the
                     // controller's own status writes come back as as many changes.
                     if let (false, Some(active), Some((generation, offenders))) =
@@ -452,11 +449,12 @@ pub async fn run(
                 };
                 if let (Some(settings), true) = (&active.spec.gateway_api, writes_status(*leadership.borrow(), &journal)) {
                     let writer = gateway_writer.get_or_insert_with(|| {
-                        gateway_status::GatewayStatusWriter::new(client.clone(), settings.controller_name.clone())
+                        let (leading, journal) = (leadership.clone(), journal.clone());
+                        let may_write = move || writes_status(*leading.borrow(), &journal);
+                        gateway_status::GatewayStatusTask::start(client.clone(), settings.controller_name.clone(), may_write)
                     });
                     if let Some(statuses) = active.renderer.gateway_status() {
                         writer.offer(statuses);
-                        writer.flush().await;
                     }
                 }
                 facts.render = Some(RenderFact::Rendered {
