@@ -517,7 +517,7 @@ impl DataplaneClient {
     /// `GET /services/haproxy/runtime/backends/{backend}/servers/{server}`: a server as the
     /// running HAProxy has it (address, port, administrative state).
     pub async fn runtime_server(&self, backend: &str, server: &str) -> Result<RuntimeServer, DataplaneError> {
-        let path = format!("services/haproxy/runtime/backends/{backend}/servers/{server}");
+        let path = format!("services/haproxy/runtime/backends/{}/servers/{}", segment(backend), segment(server));
         let (_, body) = self.send_expecting(Method::GET, &path, None, &[StatusCode::OK]).await?;
         answers::parse_runtime_server(&body).map_err(|detail| self.unreadable(&path, detail))
     }
@@ -654,7 +654,7 @@ impl DataplaneClient {
 
     /// One stored file's content, or `None` if it does not exist.
     pub async fn get_storage(&self, kind: StorageKind, name: &str) -> Result<Option<String>, DataplaneError> {
-        let path = format!("{}/{name}", kind.path());
+        let path = format!("{}/{}", kind.path(), segment(name));
         let response = self.execute(self.request(Method::GET, &path), Method::GET, &path).await?;
         let status = response.status();
         let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
@@ -682,7 +682,7 @@ impl DataplaneClient {
         let content =
             if exists && kind == StorageKind::Maps && content.is_empty() { EMPTY_MAP_AS_STORED } else { content };
         let (method, path, request) = if exists {
-            let path = format!("{}/{name}", kind.path());
+            let path = format!("{}/{}", kind.path(), segment(name));
             let request = match kind {
                 // Maps are replaced as plain text; general files as a multipart upload.
                 // Certificates are replaced with the PEM as the body, as the API's specification says.
@@ -712,7 +712,7 @@ impl DataplaneClient {
 
     /// Deletes a stored file without reloading HAProxy; a file already gone is not an error.
     pub async fn delete_storage(&self, kind: StorageKind, name: &str) -> Result<(), DataplaneError> {
-        let path = format!("{}/{name}", kind.path());
+        let path = format!("{}/{}", kind.path(), segment(name));
         let request = self.request(Method::DELETE, &path).query(&[("skip_reload", "true")]);
         let response = self.execute(request, Method::DELETE, &path).await?;
         let status = response.status();
@@ -936,6 +936,32 @@ mod tests {
         assert_eq!(segment("shop.example/cart/"), "shop.example%2Fcart%2F");
         assert_eq!(segment("/var/run/haproxy/ssl/a_b.pem"), "%2Fvar%2Frun%2Fhaproxy%2Fssl%2Fa_b.pem");
         assert_eq!(segment("*.example/ü"), "%2A.example%2F%C3%BC");
+    }
+
+    /// Every name the client puts into a URL is one percent-encoded segment: a name with a `/`,
+    /// `?` or `#` cannot reach another endpoint of the API.
+    #[tokio::test]
+    async fn names_in_urls_are_percent_encoded_segments() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        let encoded = "/v3/services/haproxy/runtime/backends/be%2F..%2Fx%3F/servers/s%23";
+        Mock::given(method("GET"))
+            .and(path(encoded))
+            .respond_with(ResponseTemplate::new(404))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/v3/services/haproxy/storage/maps/a%2F..%2Fb.map"))
+            .respond_with(ResponseTemplate::new(404))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let endpoint = Endpoint::parse(&format!("{}/v3", server.uri())).unwrap();
+        let client = Access::plain(Credentials::new("u", "p")).client(endpoint).unwrap();
+        let _ = client.runtime_server("be/../x?", "s#").await;
+        assert_eq!(client.get_storage(StorageKind::Maps, "a/../b.map").await.unwrap(), None);
     }
 
     #[test]
