@@ -60,6 +60,8 @@ pub enum Timer {
     Retry,
     /// The periodic drift check.
     Drift,
+    /// Putting back the files of a refused configuration, which failed, is tried again.
+    Restore,
 }
 
 /// What the core is told.
@@ -259,6 +261,11 @@ pub struct DriverCore {
     drift_at: Instant,
     /// The state of the drift checks' jitter (xorshift, seeded from the pod's UID).
     jitter: u64,
+    /// When putting back a refused configuration's files, which failed, is tried again, and
+    /// how many times in a row it failed (its own timer: the machine's retry would validate the
+    /// refused files again).
+    restore_at: Option<Instant>,
+    restore_failures: u32,
     pace: Pace,
 }
 
@@ -308,6 +315,8 @@ impl DriverCore {
             retry_at: None,
             drift_at,
             jitter,
+            restore_at: None,
+            restore_failures: 0,
             pace: Pace::default(),
         }
     }
@@ -330,7 +339,12 @@ impl DriverCore {
     /// The next timer to fall due, and when. Timers are looked at only between bursts.
     pub fn next_timer(&self) -> (Instant, Timer) {
         let mut next = (self.drift_at, Timer::Drift);
-        for (at, timer) in [(self.retry_at, Timer::Retry), (self.pace.waiting_until(), Timer::Pace)] {
+        let timers = [
+            (self.retry_at, Timer::Retry),
+            (self.pace.waiting_until(), Timer::Pace),
+            (self.restore_at, Timer::Restore),
+        ];
+        for (at, timer) in timers {
             if let Some(at) = at
                 && at <= next.0
             {
@@ -360,6 +374,11 @@ impl DriverCore {
                 self.drift_at = clock.now + self.settings.drift_interval.mul_f64(fraction);
                 self.cause = Cause::DriftCheck;
                 Some(Event::DriftTick)
+            }
+            Input::Timer(Timer::Restore) => {
+                self.restore_at = None;
+                self.pending.push_back(Action::RestoreFiles);
+                None
             }
             Input::Done(outcome) => self.outcome_event(outcome, clock.now, &mut out.notes),
             Input::CommitFailed => {
@@ -525,10 +544,16 @@ impl DriverCore {
                 failed(error, notes)
             }
             Outcome::Verified(Err(error)) | Outcome::Validated(Err(error)) => failed(error, notes),
-            Outcome::Restored(result) => {
-                if let Err(error) = result {
-                    notes.push(Note::RestoreFailed(error));
-                }
+            Outcome::Restored(Ok(())) => {
+                self.restore_failures = 0;
+                return None;
+            }
+            Outcome::Restored(Err(error)) => {
+                // Tried again after a backoff (1 s doubling up to 5 minutes), until it is done.
+                self.restore_failures = self.restore_failures.saturating_add(1);
+                let delay = Duration::from_secs(1 << (self.restore_failures - 1).min(8)).min(Duration::from_secs(300));
+                self.restore_at = Some(now + delay);
+                notes.push(Note::RestoreFailed(error));
                 return None;
             }
         })
@@ -712,6 +737,8 @@ mod tests {
         Unreachable(u32),
         /// The journal cannot commit the next transition.
         JournalFails,
+        /// The pod's next restores of refused files fail.
+        RestoresFail(u32),
     }
 
     fn happening() -> impl Strategy<Value = Happening> {
@@ -723,6 +750,7 @@ mod tests {
             1 => Just(Happening::EditByHand),
             1 => (1u32..4).prop_map(Happening::Unreachable),
             1 => Just(Happening::JournalFails),
+            1 => (1u32..4).prop_map(Happening::RestoresFail),
         ]
     }
 
@@ -737,6 +765,9 @@ mod tests {
         version: u64,
         /// Actions still to fail.
         failing: u32,
+        /// Restores still to fail, and restores asked for.
+        restores_failing: u32,
+        restores: Vec<Instant>,
         journal_fails: bool,
         /// When each reload happened.
         reloads: Vec<Instant>,
@@ -765,6 +796,8 @@ mod tests {
                 runs: Vec::new(),
                 version: 1,
                 failing: 0,
+                restores_failing: 0,
+                restores: Vec::new(),
                 journal_fails: false,
                 reloads: Vec::new(),
                 latest: first,
@@ -838,7 +871,15 @@ mod tests {
                     let copy = StoredCopy { render, stored, version: ConfigVersion(self.version) };
                     Outcome::Patched(Ok(Patched::Taken(Some(copy))))
                 }
-                Work::RestoreFiles => Outcome::Restored(Ok(())),
+                Work::RestoreFiles => {
+                    self.restores.push(self.now);
+                    if self.restores_failing > 0 {
+                        self.restores_failing -= 1;
+                        Outcome::Restored(Err("connection refused".into()))
+                    } else {
+                        Outcome::Restored(Ok(()))
+                    }
+                }
             }
         }
 
@@ -876,6 +917,7 @@ mod tests {
                 }
                 Happening::Unreachable(actions) => self.failing = actions,
                 Happening::JournalFails => self.journal_fails = true,
+                Happening::RestoresFail(restores) => self.restores_failing = restores,
             }
         }
 
@@ -906,8 +948,16 @@ mod tests {
             for pair in world.reloads.windows(2) {
                 prop_assert!(pair[1] - pair[0] >= PACE, "reloads {:?} apart", pair[1] - pair[0]);
             }
-            // Quiet: every retry (backoff up to 8 s after three failures) and the pace run out.
+            // Quiet: every retry (backoff up to 8 s after three failures), the pace and the
+            // restores of refused files (their own backoff) run out.
             world.wait(Duration::from_secs(30));
+            for _ in 0..40 {
+                if world.core.restore_at.is_none() {
+                    break;
+                }
+                world.wait(Duration::from_secs(30));
+            }
+            prop_assert!(world.core.restore_at.is_none(), "restores still failing after 20 minutes");
             let settled = world.reloads.len();
             if refused(&world.latest) {
                 prop_assert_ne!(&world.runs, &world.latest.checksums);
@@ -915,8 +965,10 @@ mod tests {
                 prop_assert_eq!(world.core.machine().state, State::InSync);
                 prop_assert_eq!(&world.runs, &world.latest.checksums, "the pod runs the latest render");
             }
+            let restores = world.restores.len();
             world.wait(Duration::from_secs(20));
             prop_assert_eq!(world.reloads.len(), settled, "a reload while nothing changed");
+            prop_assert_eq!(world.restores.len(), restores, "files put back while nothing changed");
         }
     }
 
@@ -949,6 +1001,19 @@ mod tests {
         firsts.sort_unstable();
         firsts.dedup();
         assert!(firsts.len() >= 12, "20 pods' first checks fall in {} distinct seconds", firsts.len());
+    }
+
+    #[test]
+    fn putting_back_a_refused_configurations_files_is_tried_again_until_done_and_validates_nothing() {
+        let mut world = World::new();
+        world.wait(Duration::from_secs(3));
+        world.restores_failing = 2;
+        world.happen(Happening::Reload { refused: true });
+        world.wait(Duration::from_secs(30));
+        let gaps: Vec<Duration> = world.restores.windows(2).map(|pair| pair[1] - pair[0]).collect();
+        assert_eq!(world.restores.len(), 3, "refused, put back twice in vain, then done: {gaps:?}");
+        assert!(gaps[0] >= Duration::from_secs(1) && gaps[1] >= Duration::from_secs(2), "backoff: {gaps:?}");
+        assert_eq!(world.core.machine().state, State::Validating, "the refusal stands; nothing validated again");
     }
 
     /// The defect this core was written to end: a render held for the pace while a drift repair
