@@ -17,7 +17,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{info, warn};
 
 use crate::admission::{LocalHaproxy, Proposal, Snapshot, Validator, Verdict};
@@ -83,6 +83,23 @@ struct WebhookState {
     source: watch::Receiver<Option<Arc<AdmissionSource>>>,
     config: (String, String),
     validator: Option<Arc<dyn Validator>>,
+    /// Reviews judged at once: see [`JUDGED_AT_ONCE`].
+    judging: Arc<Semaphore>,
+}
+
+/// Reviews judged at once. Each is a whole dry render of the cluster with the proposed object
+/// (the model's memory again, and a core), so a burst of writes is judged a few at a time
+/// instead of all at once on the leader's memory.
+const JUDGED_AT_ONCE: usize = 2;
+
+/// How long a review waits for its turn before it is answered 503, which the API server takes
+/// as the webhook failing: the webhook's `failurePolicy` decides (the chart's `webhook.failurePolicy`).
+/// Well below the chart's `timeoutSeconds` (5 s), which the judging itself must fit in too.
+const QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A turn to judge, if one comes within `wait`.
+async fn turn(judging: &Arc<Semaphore>, wait: std::time::Duration) -> Option<OwnedSemaphorePermit> {
+    tokio::time::timeout(wait, judging.clone().acquire_owned()).await.ok()?.ok()
 }
 
 fn tls_config(dir: &std::path::Path) -> Result<rustls::ServerConfig, WebhookError> {
@@ -115,7 +132,7 @@ pub async fn serve(
         .map_err(|source| WebhookError::Listen { address: settings.address, source })?;
     let address = listener.local_addr().map_err(|source| WebhookError::Listen { address: settings.address, source })?;
     let validator = settings.validator.as_ref().map(validator_of);
-    let state = WebhookState { source, config, validator };
+    let state = WebhookState { source, config, validator, judging: Arc::new(Semaphore::new(JUDGED_AT_ONCE)) };
     let app = Router::new().route("/validate", post(review)).with_state(state);
     let task = tokio::spawn(async move {
         loop {
@@ -159,6 +176,14 @@ async fn review(State(state): State<WebhookState>, body: axum::body::Bytes) -> R
         }
     };
     let started = std::time::Instant::now();
+    let Some(_turn) = turn(&state.judging, QUEUE_WAIT).await else {
+        warn!(kind = %request.kind.kind, name = %request.name, "admission webhook busy: a review waited {} s; its failurePolicy decides", QUEUE_WAIT.as_secs());
+        let why = format!(
+            "the admission webhook is busy ({JUDGED_AT_ONCE} reviews at once, this one waited {} s)",
+            QUEUE_WAIT.as_secs()
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    };
     let verdict = decide(&state, &request).await;
     let elapsed = started.elapsed();
     let object = format!("{} {}/{}", request.kind.kind, request.namespace.as_deref().unwrap_or_default(), request.name);
@@ -218,5 +243,33 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
         Ok(judged) => crate::admission::judge(judged, &spec, validator).await,
         // A panic in a render is haptic's bug, not the object's: let it through (and say so).
         Err(error) => Verdict::Allowed(Some(format!("judging failed: {error}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn reviews_beyond_the_bound_wait_their_turn_then_are_answered_busy() {
+        let judging = Arc::new(Semaphore::new(JUDGED_AT_ONCE));
+        let mut turns = Vec::new();
+        for _ in 0..JUDGED_AT_ONCE {
+            turns.push(turn(&judging, QUEUE_WAIT).await.expect("a turn while the bound allows"));
+        }
+        let started = tokio::time::Instant::now();
+        assert!(turn(&judging, QUEUE_WAIT).await.is_none(), "a review past the bound is answered busy");
+        assert_eq!(started.elapsed(), QUEUE_WAIT, "after waiting its turn");
+        // One ends: the next waiting review is judged.
+        let freed = turns.pop();
+        let waiting = tokio::spawn({
+            let judging = judging.clone();
+            async move { turn(&judging, QUEUE_WAIT).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(freed);
+        assert!(waiting.await.unwrap(), "the waiting review got the turn that was freed");
     }
 }
