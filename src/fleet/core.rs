@@ -408,13 +408,7 @@ impl DriverCore {
 
     /// The next action to perform, with what it needs, if the last transitions queued one.
     pub fn next_work(&mut self) -> Option<Work> {
-        let action = loop {
-            match self.pending.pop_front()? {
-                // The retry timer is armed when its transition applies, never performed.
-                Action::ScheduleRetry => continue,
-                action => break action,
-            }
-        };
+        let action = self.pending.pop_front()?;
         let desired = self.desired.clone();
         Some(match action {
             Action::Verify => Work::Verify { known: self.copy, in_doubt: self.patch_in_doubt },
@@ -446,7 +440,9 @@ impl DriverCore {
                     base: self.base_version,
                 }
             }
-            Action::RestoreFiles | Action::ScheduleRetry => Work::RestoreFiles,
+            Action::RestoreFiles => Work::RestoreFiles,
+            // The retry timer is armed when its transition applies (`apply`), never queued.
+            Action::ScheduleRetry => return self.next_work(),
         })
     }
 
