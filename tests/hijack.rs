@@ -1,7 +1,7 @@
 //! Routes and certificates across namespaces (issue #45, defect 4), live on the environment's
 //! pods with the chart's library: an Ingress created later, in a namespace that sorts first
-//! (`aaa…` before `zzz…`), takes neither the host and path an older Ingress routes nor the
-//! certificate served for it; an Ingress whose TLS names a host it does not route is refused
+//! (`aaa…` before `zzz…`), takes neither the host and path an older Ingress routes, nor the
+//! certificate served for it, nor the default backend; an Ingress whose TLS names a host it does not route is refused
 //! with an Event naming the field.
 
 mod env;
@@ -73,6 +73,12 @@ async fn a_later_ingress_in_a_namespace_that_sorts_first_takes_neither_host_nor_
         let served = served_certificate(&pod.ip, HOST)?;
         ensure!(served != thief_cert, "{}: the later Ingress's certificate is served for {HOST}", pod.name);
         ensure!(served == victim_cert, "{}: not the victim's certificate", pod.name);
+        let elsewhere = get(&pod.http_address, "nowhere.hijack.example.com").await?;
+        ensure!(
+            elsewhere.contains("backend=victim "),
+            "{}: the later Ingress took the default backend: {elsewhere}",
+            pod.name
+        );
         let sneaky = get(&pod.http_address, "sneaky.hijack.example.com").await?;
         ensure!(!sneaky.contains("backend=thief "), "{}: the refused Ingress is served: {sneaky}", pod.name);
     }
@@ -83,6 +89,7 @@ fn tls_ingress(name: &str, host: &str, service: &str, tls_host: &str, secret: &s
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {"ingressClassName": "haproxy",
+                 "defaultBackend": {"service": {"name": service, "port": {"number": 80}}},
                  "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
                      "backend": {"service": {"name": service, "port": {"number": 80}}}}]}}],
                  "tls": [{"hosts": [tls_host], "secretName": secret}]}

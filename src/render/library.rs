@@ -366,6 +366,12 @@ fn created_at(metadata: Option<&Value>) -> u32 {
         .map_or(u32::MAX, |t| u32::try_from(t.as_second().max(0)).unwrap_or(u32::MAX))
 }
 
+/// `created_at(object)`: when the object was created, in seconds since the epoch (`u32::MAX`
+/// when it does not say): contested things go to the oldest object that asks for them.
+pub(crate) fn object_created(object: &Value) -> Value {
+    Value::from(created_at(attr(object, "metadata").as_ref()))
+}
+
 /// A route's place among the routes of a map, highest first: longest path first, then oldest
 /// Ingress first. The first route to claim a host and path keeps it, so a later Ingress in
 /// any namespace cannot take a host and path an older one routes (as the Gateway API decides
@@ -938,6 +944,11 @@ mod tests {
         assert!(old > new, "the older Ingress goes first");
         assert!(route("2026-06-01T00:00:00Z", "/shop") > old, "a longer path goes first whatever its age");
         assert!(route("not a time", "/") < new, "an Ingress that does not say when it was made goes last");
+        let made = |created: &str| {
+            object_created(&Value::from(Serde(json!({"metadata": {"creationTimestamp": created}})))).as_i64().unwrap()
+        };
+        assert_eq!(made("2026-01-01T00:00:00Z"), 1_767_225_600);
+        assert_eq!(made("yesterday"), i64::from(u32::MAX));
     }
 
     #[test]

@@ -240,6 +240,7 @@ impl Renderer {
         });
         env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
         env.add_function("ingress_tls", |ingress: Value| library::ingress_tls(&ingress));
+        env.add_function("created_at", |object: Value| library::object_created(&object));
         env.add_function(
             "ingress_settings",
             |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
