@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::machine::{Action, Event, PodMachine, State, Step};
+use super::machine::{Action, Event, PodMachine, State, Step, backoff};
 use super::pod::{
     ActionError, Desired, DriverSettings, Patched, PodTarget, PodVersions, Reading, StoredCopy, Validation,
 };
@@ -331,11 +331,6 @@ impl DriverCore {
         &self.desired
     }
 
-    /// What started the work in progress.
-    pub fn cause(&self) -> Cause {
-        self.cause
-    }
-
     /// The next timer to fall due, and when. Timers are looked at only between bursts.
     pub fn next_timer(&self) -> (Instant, Timer) {
         let mut next = (self.drift_at, Timer::Drift);
@@ -547,8 +542,7 @@ impl DriverCore {
             Outcome::Restored(Err(error)) => {
                 // Tried again after a backoff (1 s doubling up to 5 minutes), until it is done.
                 self.restore_failures = self.restore_failures.saturating_add(1);
-                let delay = Duration::from_secs(1 << (self.restore_failures - 1).min(8)).min(Duration::from_secs(300));
-                self.restore_at = Some(now + delay);
+                self.restore_at = Some(now + backoff(self.restore_failures, Duration::from_secs(300)));
                 notes.push(Note::RestoreFailed(error));
                 return None;
             }

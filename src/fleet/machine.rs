@@ -454,9 +454,13 @@ impl PodMachine {
 
     /// How long to wait before retrying the current failure: 1 s doubling up to 5 minutes.
     pub fn retry_delay(&self) -> Duration {
-        let exponent = self.attempts.saturating_sub(1).min(9);
-        Duration::from_secs(1u64 << exponent).min(Duration::from_secs(300))
+        backoff(self.attempts, Duration::from_secs(300))
     }
+}
+
+/// The wait after `failures` failures in a row: 1 s, doubling with each, up to `cap`.
+pub fn backoff(failures: u32, cap: Duration) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(16)).min(cap)
 }
 
 /// The state machine as a Mermaid `stateDiagram-v2`, generated from [`TABLE`].

@@ -41,7 +41,7 @@ struct Running {
 /// death in a row up to a minute, so a driver that dies at once (a bad record, a bug) does not
 /// spin. A driver that ran for [`HEALTHY_RUN`] before dying starts the count again.
 fn restart_delay(deaths: u32) -> Duration {
-    Duration::from_secs(1 << deaths.saturating_sub(1).min(6)).min(Duration::from_secs(60))
+    super::machine::backoff(deaths, Duration::from_secs(60))
 }
 
 /// How long a driver must run before its death counts as the first in a row.
