@@ -8,17 +8,16 @@ mod env;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use env::controller::ControllerProcess;
 use env::standalone::{
     apply_library_config_for_pods_with, backend_host_address, library_namespace, service_with_endpoints, start_backends,
 };
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(60);
@@ -62,7 +61,8 @@ async fn a_later_ingress_in_a_namespace_that_sorts_first_takes_neither_host_nor_
     let sneaky = tls_ingress("sneaky", "sneaky.hijack.example.com", "thief", HOST, "thief-tls")?;
     thieves.create(&PostParams::default(), &sneaky).await?;
 
-    let field = refused_field(&client, &thief_ns, "sneaky", &controller).await?;
+    let field =
+        env::fixtures::refused_note(&client, &thief_ns, "sneaky", WITHIN).await.context(controller.log_tail())?;
     ensure!(field.contains("spec.tls[0].hosts[0]"), "the Event does not name the TLS host's field: {field}");
     ensure!(!field.contains(HOST), "the Event quotes the value: {field}");
     controller.wait_for_config("the thief's backend", WITHIN, |config| config.contains("_thief_80")).await?;
@@ -139,28 +139,4 @@ fn served_certificate(ip: &str, sni: &str) -> Result<String> {
 async fn get(address: &str, host: &str) -> Result<String> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     Ok(http.get(format!("http://{address}/hello")).header("Host", host).send().await?.text().await?)
-}
-
-/// Waits for the Refused Event on Ingress `name` and gives its note.
-async fn refused_field(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    controller: &ControllerProcess,
-) -> Result<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let found = events.list(&ListParams::default()).await?.items.into_iter().find(|event| {
-            event.reason.as_deref() == Some("Refused")
-                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        });
-        if let Some(event) = found {
-            return Ok(event.note.unwrap_or_default());
-        }
-        if Instant::now() > deadline {
-            bail!("no Refused Event on {name}\n{}", controller.log_tail());
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }

@@ -279,21 +279,9 @@ async fn an_fqdn_endpoint_slice_is_refused_and_the_rest_served() -> Result<()> {
     }
     let fqdn = "metadata.google.internal";
     slices.create(&PostParams::default(), &slice("svc-good-fqdn", "FQDN", fqdn)?).await?;
-    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
-    let deadline = Instant::now() + WITHIN;
-    let note = loop {
-        let found = events.list(&ListParams::default()).await?.items.into_iter().find(|event| {
-            event.reason.as_deref() == Some("Refused")
-                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("svc-good-fqdn")
-        });
-        if let Some(event) = found {
-            break event.note.unwrap_or_default();
-        }
-        if Instant::now() > deadline {
-            bail!("no Refused Event on the FQDN slice\n{}", controller.log_tail());
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let note = env::fixtures::refused_note(&client, &namespace, "svc-good-fqdn", WITHIN)
+        .await
+        .context(controller.log_tail())?;
     ensure!(note.contains("endpoints[0].addresses[0]"), "the Event does not name the field: {note}");
     ensure!(!note.contains(fqdn), "the Event quotes the value: {note}");
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;

@@ -59,3 +59,27 @@ pub fn self_signed(dir: &Path, subject: &str, key: &[&str]) -> Result<(String, S
     ensure!(made.status.success(), "openssl req failed: {}", String::from_utf8_lossy(&made.stderr));
     Ok((std::fs::read_to_string(cert_file)?, std::fs::read_to_string(key_file)?))
 }
+
+/// Waits up to `within` for a Warning Event `Refused` on the object `name` in `namespace`, and
+/// gives its note (which names the refused field).
+pub async fn refused_note(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    within: std::time::Duration,
+) -> Result<String> {
+    use k8s_openapi::api::events::v1::Event;
+    let events: kube::Api<Event> = kube::Api::namespaced(client.clone(), namespace);
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let found = events.list(&Default::default()).await?.items.into_iter().find(|event| {
+            event.reason.as_deref() == Some("Refused")
+                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        });
+        if let Some(event) = found {
+            return Ok(event.note.unwrap_or_default());
+        }
+        ensure!(std::time::Instant::now() < deadline, "no Refused Event on {name} within {within:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
