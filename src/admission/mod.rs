@@ -8,6 +8,8 @@
 //! local HAProxy binary (`LocalHaproxy`) or a scratch Dataplane API beside the controller
 //! (`checks::validator::ValidatorApi`).
 
+pub mod culprits;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -209,6 +211,36 @@ impl Validator for crate::checks::validator::ValidatorApi {
     }
 }
 
+/// `judge`, for an object: when HAProxy refuses the render with it, the render of the objects
+/// as they are (`current`) is checked too, and when HAProxy refuses that as well the object is
+/// not what breaks it and is let through (the controller leaves the objects HAProxy refuses
+/// out, with an Event on each). One tenant's bad object cannot make every other write refused.
+pub async fn judge_beside_current(judged: Judged, current: Snapshot, validator: Option<&dyn Validator>) -> Verdict {
+    let verdict = judge(judged, &current.spec, validator).await;
+    let (Verdict::Denied(_), Some(validator), true) = (&verdict, validator, refused_by_haproxy(&verdict)) else {
+        return verdict;
+    };
+    let spec = current.spec.clone();
+    let rendered = tokio::task::spawn_blocking(move || {
+        current.renderer.render_dry_leaving_out(&current.stores, &current.pods, MAX_LEFT_OUT)
+    })
+    .await;
+    let Ok(Ok((files, _))) = rendered else { return verdict };
+    match validator.validate(&files, &spec).await {
+        Check::Refused(_) => Verdict::Allowed(Some(
+            "HAProxy refuses the render of the current objects too: this object is not what breaks it".into(),
+        )),
+        Check::Accepted | Check::Unavailable(_) => verdict,
+    }
+}
+
+/// The prefix of a denial HAProxy made (not haptic's own refusals).
+const HAPROXY_DENIES: &str = "HAProxy refuses the render: ";
+
+fn refused_by_haproxy(verdict: &Verdict) -> bool {
+    matches!(verdict, Verdict::Denied(why) if why.starts_with(HAPROXY_DENIES))
+}
+
 /// The whole judgement of one proposal: render, then HAProxy when there is a render.
 pub async fn judge(judged: Judged, spec: &HAProxyTemplateConfigSpec, validator: Option<&dyn Validator>) -> Verdict {
     match judged {
@@ -217,12 +249,96 @@ pub async fn judge(judged: Judged, spec: &HAProxyTemplateConfigSpec, validator: 
             None => Verdict::Allowed(Some("rendered; not checked by HAProxy (no validator)".into())),
             Some(validator) => match validator.validate(&files, spec).await {
                 Check::Accepted => Verdict::Allowed(None),
-                Check::Refused(alerts) => Verdict::Denied(alerts),
+                Check::Refused(alerts) => {
+                    let alerts = alerts.strip_prefix(HAPROXY_DENIES).unwrap_or(&alerts);
+                    Verdict::Denied(format!("{HAPROXY_DENIES}{alerts}"))
+                }
                 Check::Unavailable(why) => {
                     tracing::warn!(%why, "a render was admitted unchecked by HAProxy: the validator cannot be asked");
                     Verdict::Allowed(Some(format!("rendered; not checked by HAProxy: {why}")))
                 }
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A validator that refuses any render with a line `timeout server banana`, naming its line.
+    struct NoBananas;
+
+    impl Validator for NoBananas {
+        fn validate<'a>(
+            &'a self,
+            files: &'a FileSet,
+            _spec: &'a HAProxyTemplateConfigSpec,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Check> + Send + 'a>> {
+            let content = files.haproxy_cfg.content.clone();
+            Box::pin(async move {
+                match content.lines().position(|line| line.contains("banana")) {
+                    Some(at) => Check::Refused(format!("parsing [haproxy.cfg:{}] : 'banana' is no time", at + 1)),
+                    None => Check::Accepted,
+                }
+            })
+        }
+    }
+
+    const TEMPLATE: &str = "{% for i in resources.ingresses.list() %}backend {{ i.metadata.name | bare_word }}\n    timeout server {{ i.metadata.annotations['t'] | bare_word }}\n{% endfor %}";
+
+    fn ingress(name: &str, timeout: &str, created: &str) -> Json {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+               "metadata": {"name": name, "namespace": "ns", "uid": name, "creationTimestamp": created,
+                            "annotations": {"t": timeout}}})
+    }
+
+    fn snapshot(objects: &[Json]) -> Snapshot {
+        let spec: HAProxyTemplateConfigSpec = serde_json::from_value(json!({
+            "watchedResources": {"ingresses": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress"}},
+            "podSelector": {"matchLabels": {"app": "haproxy"}},
+            "templates": {"haproxyConfig": TEMPLATE}
+        }))
+        .expect("a spec");
+        let objects: Vec<(std::path::PathBuf, Json)> = objects.iter().map(|o| ("test".into(), o.clone())).collect();
+        let stores = crate::offline::build_fixture_stores(&spec, &objects).expect("stores");
+        let renderer = Arc::new(Renderer::compile(&spec).expect("templates"));
+        Snapshot { generation: 1, spec, renderer, stores, pods: Vec::new() }
+    }
+
+    fn proposal(object: Json) -> Proposal {
+        Proposal { operation: "CREATE".into(), object: Some(object) }
+    }
+
+    #[tokio::test]
+    async fn a_proposal_is_refused_only_for_what_it_breaks_itself() {
+        let good = ingress("good", "5s", "2026-01-01T00:00:00Z");
+        // Nothing stored is refused: a bad proposal is.
+        let clean = snapshot(std::slice::from_ref(&good));
+        let judged = judge_object(&clean, &proposal(ingress("new", "banana", "2026-01-02T00:00:00Z")));
+        let verdict = judge_beside_current(judged, clean.clone(), Some(&NoBananas)).await;
+        assert!(matches!(&verdict, Verdict::Denied(why) if why.contains("haproxy.cfg:")), "{verdict:?}");
+        // A stored object HAProxy refuses already: a good proposal is not to blame, and let through.
+        let spoiled = snapshot(&[good, ingress("stored-bad", "banana", "2026-01-01T00:00:00Z")]);
+        let judged = judge_object(&spoiled, &proposal(ingress("new", "7s", "2026-01-02T00:00:00Z")));
+        let verdict = judge_beside_current(judged, spoiled, Some(&NoBananas)).await;
+        assert!(matches!(&verdict, Verdict::Allowed(Some(why)) if why.contains("not what breaks it")), "{verdict:?}");
+    }
+
+    #[tokio::test]
+    async fn the_culprits_of_a_refused_render_are_the_objects_haproxy_names() {
+        let mut objects: Vec<Json> =
+            (0..20).map(|i| ingress(&format!("ok-{i}"), "5s", "2026-01-01T00:00:00Z")).collect();
+        objects.push(ingress("bad-old", "banana", "2025-01-01T00:00:00Z"));
+        objects.push(ingress("bad-new", "banana", "2026-06-01T00:00:00Z"));
+        let current = snapshot(&objects);
+        let outcome =
+            culprits::find(&current.renderer, &current.spec, &current.stores, &current.pods, &NoBananas, 10).await;
+        let culprits::Outcome::Found(found) = outcome else { panic!("{outcome:?}") };
+        let mut names: Vec<&str> = found.iter().map(|c| c.suspect.key.name.as_ref()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["bad-new", "bad-old"]);
+        assert!(found.iter().all(|c| c.refusal.contains("'banana'")));
     }
 }

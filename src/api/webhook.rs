@@ -38,7 +38,7 @@ pub struct WebhookSettings {
 }
 
 /// The validator a review asks: a local HAProxy's `haproxy -c`, or the validator's API.
-fn validator_of(requests: &crate::checks::Requests) -> Arc<dyn Validator> {
+pub(crate) fn validator_of(requests: &crate::checks::Requests) -> Arc<dyn Validator> {
     match requests {
         crate::checks::Requests::Local(binary) => Arc::new(LocalHaproxy(binary.clone())),
         crate::checks::Requests::Validator(api) => api.clone(),
@@ -237,10 +237,10 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
     }
     let operation = format!("{:?}", request.operation).to_ascii_uppercase();
     let proposal = Proposal { operation, object };
-    let spec = snapshot.spec.clone();
+    let current = snapshot.clone();
     let judged = tokio::task::spawn_blocking(move || crate::admission::judge_object(&snapshot, &proposal)).await;
     match judged {
-        Ok(judged) => crate::admission::judge(judged, &spec, validator).await,
+        Ok(judged) => crate::admission::judge_beside_current(judged, current, validator).await,
         // A panic in a render is haptic's bug, not the object's: let it through (and say so).
         Err(error) => Verdict::Allowed(Some(format!("judging failed: {error}"))),
     }

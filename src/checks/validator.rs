@@ -74,6 +74,9 @@ impl ValidatorApi {
             Err(DataplaneError::InvalidConfiguration { message, .. }) => {
                 Ok(Verdict::Refused(format!("HAProxy refuses the render: {}", as_rendered(&message))))
             }
+            Err(error @ DataplaneError::FileRefused { .. }) => {
+                Ok(Verdict::Refused(format!("HAProxy refuses the render: {error}")))
+            }
             Err(other) => {
                 *guard = None;
                 Err(other)

@@ -10,6 +10,7 @@ mod deploy;
 mod gateway_status;
 mod ingress_status;
 mod output;
+mod quarantine;
 mod status;
 
 use std::path::PathBuf;
@@ -214,6 +215,12 @@ pub async fn run(
     // status tick (their status may be wrong: another writer's, or the echo of ours).
     let mut left_out_of_last_render: Option<(i64, Vec<crate::store::ObjectRef>)> = None;
     let mut ingress_status_dirty: std::collections::HashSet<crate::store::ObjectRef> = Default::default();
+    // Objects HAProxy refuses, found by the validator when a pod refuses a render, and left
+    // out until they change. Without a validator, nothing is searched.
+    let (culprits_tx, mut culprits_rx) = mpsc::channel(4);
+    let mut quarantine = quarantine::Quarantine::new(culprits_tx.clone());
+    let culprit_checker: Option<Arc<dyn crate::admission::Validator>> =
+        options.validation_requests.as_ref().map(crate::api::webhook::validator_of);
     let ingress_writer = {
         let (leading, journal) = (leadership.clone(), journal.clone());
         ingress_status::StatusWriter::start(client.clone(), move || writes_status(*leading.borrow(), &journal))
@@ -341,6 +348,8 @@ pub async fn run(
                         })));
                         active = Some(next);
                         gateway_writer = None;
+                        // Another version's templates may take what this one's refused.
+                        quarantine = quarantine::Quarantine::new(culprits_tx.clone());
                         api.ready.store(true, std::sync::atomic::Ordering::Release);
                         facts.valid = Some(ValidCondition::accepted(generation));
                         if let Some(coalescer) = &coalescer {
@@ -360,7 +369,14 @@ pub async fn run(
             _ = status_tick.tick() => {
                 if writes_status(*leadership.borrow(), &journal) {
                     if let (Some(journal), Some(active), Some((files, _))) = (&journal, &active, &last_render) {
-                        facts.pods = Some(pod_facts(journal, &active.watches.all_pods(), files));
+                        let pods = pod_facts(journal, &active.watches.all_pods(), files);
+                        if let (true, Some(checker)) = (pods.iter().any(|pod| pod.rejected), &culprit_checker)
+                            && quarantine.would_search(files)
+                        {
+                            let job = search_job(active, &mut quarantine, checker, options.max_left_out);
+                            quarantine.search(job, files);
+                        }
+                        facts.pods = Some(pods);
                     }
                     status.publish(&facts).await;
                     // At most once a tick however many arrived: at 10,000 Ingresses the
@@ -372,6 +388,12 @@ pub async fn run(
                         let changed = std::mem::take(&mut ingress_status_dirty);
                         ingress_writer.offer(ingress_status_owed(active, offenders, &changed));
                     }
+                }
+            }
+            Some(finished) = culprits_rx.recv() => {
+                let (Some(active), Some(coalescer)) = (&active, &coalescer) else { continue };
+                if quarantine.hold(active.generation, finished) {
+                    coalescer.send(Trigger::Config { generation: active.generation }).await;
                 }
             }
             Some(change) = watch_rx.recv() => {
@@ -427,7 +449,7 @@ pub async fn run(
             Some(triggers) = render_rx.recv() => {
                 let Some(active) = &active else { continue };
                 let span = reconcile_span(&triggers, active.generation);
-                let rendered = render(active, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
+                let rendered = render(active, &mut quarantine, triggers, &sink, options.max_left_out).instrument(span.clone()).await;
                 let files = match rendered {
                     Ok(Rendered { files, refused, ingresses, offenders }) => {
                         if writes_status(*leadership.borrow(), &journal) {
@@ -535,6 +557,25 @@ fn pod_facts(
             }
         })
         .collect()
+}
+
+/// A search for the objects behind the current render that a pod refused.
+fn search_job(
+    active: &Active,
+    quarantine: &mut quarantine::Quarantine,
+    checker: &Arc<dyn crate::admission::Validator>,
+    max_culprits: usize,
+) -> quarantine::SearchJob {
+    let (stores, _) = quarantine.apply(&active.watches.snapshot());
+    quarantine::SearchJob {
+        generation: active.generation,
+        spec: active.spec.clone(),
+        renderer: active.renderer.clone(),
+        stores,
+        pods: active.watches.pods(),
+        validator: checker.clone(),
+        max_culprits,
+    }
 }
 
 /// Hands a render to the fleet, when there are credentials to deploy with.
@@ -734,13 +775,14 @@ fn ingress_status_owed(
 /// Renders the active configuration from the current stores, off the async threads.
 async fn render(
     active: &Active,
+    quarantine: &mut quarantine::Quarantine,
     triggers: Vec<Trigger>,
     sink: &RenderSink,
     max_left_out: usize,
 ) -> Result<Rendered, String> {
     let renderer = active.renderer.clone();
-    let stores = active.watches.snapshot();
-    let stores_before = stores.clone();
+    let stores_before = active.watches.snapshot();
+    let (stores, held_out) = quarantine.apply(&stores_before);
     let started = std::time::Instant::now();
     let pods = active.watches.pods();
     let pod_ips: Vec<String> = pods.iter().map(|pod| pod.ip.clone()).filter(|ip| !ip.is_empty()).collect();
@@ -787,7 +829,8 @@ async fn render(
     }
     let triggers: Vec<String> = triggers.iter().map(ToString::to_string).collect();
     match result {
-        Ok(Ok((files, left_out))) => {
+        Ok(Ok((files, mut left_out))) => {
+            left_out.extend(held_out);
             for error in &left_out {
                 warn!(%error, "left an object out of the render");
             }

@@ -232,6 +232,17 @@ pub enum DataplaneError {
         /// The version the push was based on.
         sent: ConfigVersion,
     },
+    /// The storage refused a file's content (a certificate it cannot parse: v3.2.7 answers 500
+    /// with the parser's message): the render's fault, told as HAProxy's refusals are.
+    #[error("Dataplane API {endpoint} refuses the file '{name}': {message}")]
+    FileRefused {
+        /// The pod's endpoint.
+        endpoint: String,
+        /// The file's name in the storage.
+        name: String,
+        /// The API's message.
+        message: String,
+    },
     /// Wrong credentials.
     #[error("Dataplane API {endpoint} refused the credentials of user {username:?}")]
     Unauthorized {
@@ -707,6 +718,16 @@ impl DataplaneClient {
             return Ok(());
         }
         let text = response.text().await.unwrap_or_default();
+        let message = answers::error_message(&text);
+        // What the storage says of content it cannot read (client-native's storage checks).
+        let of_content = ["x509", "certificate", "PEM", "private key"].iter().any(|word| message.contains(word));
+        if kind == StorageKind::Certificates && (status.is_client_error() || status.is_server_error()) && of_content {
+            return Err(DataplaneError::FileRefused {
+                endpoint: self.endpoint.to_string(),
+                name: name.to_owned(),
+                message,
+            });
+        }
         Err(self.unexpected(method, &path, status, &text))
     }
 

@@ -547,11 +547,20 @@ impl PodActions for DataplaneActions {
         };
         for (name, file) in &desired.files.certs {
             let kind = StorageKind::Certificates;
-            if !present.contains(name) {
+            let stored = if !present.contains(name) {
                 self.record_upload(&pod.uid, kind, name, None).await?;
-                client.put_storage(kind, name, &file.content, false).await.map_err(failed)?;
+                client.put_storage(kind, name, &file.content, false).await
             } else if manifest.get(name) != Some(&file.checksum) {
-                client.put_storage(kind, name, &file.content, true).await.map_err(failed)?;
+                client.put_storage(kind, name, &file.content, true).await
+            } else {
+                Ok(())
+            };
+            match stored {
+                Ok(()) => {}
+                // A certificate the storage cannot read is the render's fault, as HAProxy's
+                // refusal would be: not an action to retry.
+                Err(error @ DataplaneError::FileRefused { .. }) => return Ok(Validation::Rejected(error.to_string())),
+                Err(error) => return Err(failed(error)),
             }
         }
         for (kind, name, content) in desired_storage(desired) {

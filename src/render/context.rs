@@ -84,6 +84,40 @@ fn field_holding(object: &Value, needle: &str) -> Option<String> {
     }
 }
 
+/// The path of the field of `object`'s `spec` or annotations holding one of `needles` (tried
+/// in order, each exactly before any in part), for a value HAProxy quoted in a refusal. Names
+/// and namespaces are left out of the search: a file named after them is no field of theirs.
+pub(crate) fn field_holding_any(object: &Value, needles: &[String]) -> Option<String> {
+    let roots = [("spec", vec!["spec"]), ("metadata.annotations", vec!["metadata", "annotations"])];
+    let roots: Vec<(&str, Value)> = roots
+        .iter()
+        .filter_map(|(name, path)| {
+            let mut value = object.clone();
+            for key in path {
+                value = value.get_attr(key).ok().filter(|v| !v.is_undefined() && !v.is_none())?;
+            }
+            Some((*name, value))
+        })
+        .collect();
+    for exact in [true, false] {
+        for needle in needles.iter().filter(|n| !n.is_empty()) {
+            let matches = |leaf: &str| {
+                // In part: the field holds the quoted value among more (a rewrite's regex and
+                // its replacement), never the other way round (a short field inside a long message).
+                if exact { leaf == needle } else { leaf.contains(needle.as_str()) }
+            };
+            for (name, root) in &roots {
+                let mut path = String::new();
+                if walk(root, &matches, &mut path, 0) {
+                    let separator = if path.starts_with('[') { "" } else { "." };
+                    return Some(format!("{name}{separator}{path}"));
+                }
+            }
+        }
+    }
+    None
+}
+
 fn walk(value: &Value, matches: &dyn Fn(&str) -> bool, path: &mut String, depth: usize) -> bool {
     use minijinja::value::ValueKind;
     if depth > 32 {

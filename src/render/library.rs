@@ -366,6 +366,11 @@ fn created_at(metadata: Option<&Value>) -> u32 {
         .map_or(u32::MAX, |t| u32::try_from(t.as_second().max(0)).unwrap_or(u32::MAX))
 }
 
+/// When a stored object was created, in seconds since the epoch (`u32::MAX` when it does not say).
+pub(crate) fn created_seconds(object: &Value) -> u32 {
+    created_at(attr(object, "metadata").as_ref())
+}
+
 /// `created_at(object)`: when the object was created, in seconds since the epoch (`u32::MAX`
 /// when it does not say): contested things go to the oldest object that asks for them.
 pub(crate) fn object_created(object: &Value) -> Value {

@@ -14,8 +14,20 @@ pub fn annotation_names(setting: &str) -> Vec<String> {
     annotations::names_of(setting)
 }
 mod context;
+
+/// The path of the field of an object's `spec` or annotations holding one of `needles` (values
+/// HAProxy quoted when it refused a render), tried in order.
+pub fn field_holding_any(object: &minijinja::Value, needles: &[String]) -> Option<String> {
+    context::field_holding_any(object, needles)
+}
 pub(crate) mod filters;
 mod library;
+
+/// When a stored object was created, in seconds since the epoch (`u32::MAX`, the newest, when
+/// it does not say): the order in which contested things and blame are handed out.
+pub fn created_seconds(object: &minijinja::Value) -> u32 {
+    library::created_seconds(object)
+}
 mod memo;
 
 pub use memo::BlockCounts;
