@@ -381,16 +381,47 @@ impl DataplaneActions {
 }
 
 /// Takes free slots for new endpoints: `del server`, `add server` at the new address, `ready`,
-/// read back.
-async fn replace_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Result<(), String> {
+/// read back. A slot HAProxy will not delete (the departed endpoint's connections still count,
+/// idle keep-alive ones included until HAProxy purges them, seconds later) keeps its server: its
+/// address is changed in place while it is out of traffic, then it is put in traffic, by the
+/// configuration's write (`in_place`), which needs no empty slot and no reload. Gives those
+/// actions.
+async fn replace_servers(client: &DataplaneClient, actions: &[RuntimeAction]) -> Result<Vec<RuntimeAction>, String> {
+    let mut deferred = Vec::new();
     for action in actions {
         let RuntimeAction::ReplaceServer { backend, server, address, port, weight } = action else { continue };
         let started = Instant::now();
-        client.delete_runtime_server(backend, server).await.map_err(|error| format!("{action}: {error}"))?;
+        if let Err(error) = client.delete_runtime_server(backend, server).await {
+            tracing::debug!(%action, %error, "the free slot is not empty yet: its address changes in place");
+            deferred.extend(in_place(action));
+            continue;
+        }
         add_server(client, action, backend, server, (address, port), weight.as_deref(), true).await?;
         observe(action, started);
     }
-    Ok(())
+    Ok(deferred)
+}
+
+/// A free slot taken without deleting its server: `SetServerAddr` while it is in maintenance
+/// (HAProxy drops the server's idle connections when its address changes), its weight, then
+/// `ready`, in that order.
+fn in_place(action: &RuntimeAction) -> Vec<RuntimeAction> {
+    let RuntimeAction::ReplaceServer { backend, server, address, port, weight } = action else { return Vec::new() };
+    let mut actions = vec![RuntimeAction::SetAddress {
+        backend: backend.clone(),
+        server: server.clone(),
+        address: address.clone(),
+        port: port.clone(),
+    }];
+    if let Some(weight) = weight {
+        actions.push(RuntimeAction::SetWeight {
+            backend: backend.clone(),
+            server: server.clone(),
+            weight: weight.clone(),
+        });
+    }
+    actions.push(RuntimeAction::SetState { backend: backend.clone(), server: server.clone(), ready: true });
+    actions
 }
 
 /// `add server` for `action`: the server at `address:port`, put in traffic when `ready`,
@@ -644,10 +675,20 @@ impl PodActions for DataplaneActions {
         let client = self.client(pod)?;
         // Free slots taken first: three quick runtime commands each, not waiting for the
         // configuration's write (which checks the whole configuration before it returns).
-        if let Err(detail) = replace_servers(&client, actions).await {
-            tracing::warn!(pod = %pod.name, %detail, "a free slot could not be taken at run time; full sync");
-            return Ok(Patched::NotTaken(Some(base)));
-        }
+        let in_place = match replace_servers(&client, actions).await {
+            Ok(in_place) => in_place,
+            Err(detail) => {
+                tracing::warn!(pod = %pod.name, %detail, "a free slot could not be taken at run time; full sync");
+                return Ok(Patched::NotTaken(Some(base)));
+            }
+        };
+        let with_in_place: Vec<RuntimeAction>;
+        let actions = if in_place.is_empty() {
+            actions
+        } else {
+            with_in_place = actions.iter().cloned().chain(in_place).collect();
+            &with_in_place[..]
+        };
         let servers: Vec<&RuntimeAction> = actions.iter().filter(|a| a.is_server_action()).collect();
         let mut copy = None;
         if rewrite_config || !servers.is_empty() {

@@ -79,7 +79,8 @@ pub enum RuntimeAction {
     /// `del server` + `add server` + `ready`: a server out of traffic (a free slot) taken by
     /// an endpoint at a new address. Three quick runtime commands that do not wait for the
     /// configuration's write, which checks the whole configuration first (the slower path an
-    /// address change through `X-Runtime-Actions` takes).
+    /// address change through `X-Runtime-Actions` takes, and the one a slot whose server HAProxy
+    /// will not delete yet takes: its address is changed in place, still without a reload).
     ReplaceServer {
         /// The backend.
         backend: String,

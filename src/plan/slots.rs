@@ -3,9 +3,9 @@
 //! (which needs a reload).
 //!
 //! A backend has a capacity, a multiple of the block size; slot `i` is server `srv<i+1>`. An
-//! endpoint keeps its slot for as long as it exists; new endpoints take the lowest free slots
-//! (in endpoint order, so every controller and every pod agrees); free slots are rendered as
-//! disabled servers. Capacity grows by whole blocks only when free slots run out, and never
+//! endpoint keeps its slot for as long as it exists; new endpoints take the lowest slots that
+//! were free before the change (in endpoint order, so every controller and every pod agrees),
+//! never one the same change freed; free slots are rendered as disabled servers. Capacity grows by whole blocks only when free slots run out, and never
 //! shrinks on its own: shrinking renames nothing but would need a reload for nothing.
 
 use std::collections::BTreeSet;
@@ -52,14 +52,22 @@ pub fn assign(previous: &SlotTable, endpoints: &[EndpointKey], block: usize) -> 
         previous.slots.iter().map(|slot| slot.clone().filter(|endpoint| wanted.contains(endpoint))).collect();
     let placed: BTreeSet<EndpointKey> = slots.iter().flatten().cloned().collect();
     let newcomers: Vec<&EndpointKey> = wanted.into_iter().filter(|endpoint| !placed.contains(*endpoint)).collect();
-    let free = slots.iter().filter(|slot| slot.is_none()).count();
+    // Newcomers take slots that were free already; a slot freed by this very change is not
+    // reused by it: its server would move from one address to another while in traffic, which
+    // HAProxy 2.6 cannot do at run time (AddressChanges) and which needs its departed
+    // endpoint's connections gone. The capacity grows instead (by whole blocks).
+    let was_free = |at: usize| previous.slots.get(at).is_none_or(Option::is_none);
+    let free = (0..slots.len()).filter(|at| was_free(*at)).count();
     if newcomers.len() > free {
         let needed = slots.len() - free + newcomers.len();
         let capacity = needed.div_ceil(block) * block;
         slots.resize(capacity, None);
     }
     let mut newcomers = newcomers.into_iter();
-    for slot in slots.iter_mut().filter(|slot| slot.is_none()) {
+    for (at, slot) in slots.iter_mut().enumerate() {
+        if slot.is_some() || !was_free(at) {
+            continue;
+        }
         match newcomers.next() {
             Some(endpoint) => *slot = Some(endpoint.clone()),
             None => break,
@@ -169,8 +177,9 @@ mod tests {
     })]
 
         /// Over any sequence of scaling steps: every endpoint has exactly one slot, an endpoint
-        /// that stays keeps its slot, capacity is whole blocks and grows only when needed, and
-        /// the order endpoints are listed in does not matter.
+        /// that stays keeps its slot, a slot a step frees is not taken by that step, capacity is
+        /// whole blocks and grows only when the slots free before run out, and the order
+        /// endpoints are listed in does not matter.
         #[test]
         fn slots_are_stable_exclusive_and_grow_only_by_blocks(
             steps in proptest::collection::vec(endpoints(), 1..12),
@@ -188,8 +197,15 @@ mod tests {
                 prop_assert_eq!(&assign(&table, &reversed, block), &next, "endpoint order matters");
                 prop_assert_eq!(next.slots.len() % block, 0);
                 prop_assert!(next.slots.len() >= step.len());
-                if step.len() <= table.slots.len() {
+                let newcomers = step.iter().filter(|e| table.slot_of(e).is_none()).count();
+                let were_free = table.slots.iter().filter(|slot| slot.is_none()).count();
+                if newcomers <= were_free {
                     prop_assert_eq!(next.slots.len(), table.slots.len(), "grew without need");
+                }
+                for (at, slot) in table.slots.iter().enumerate() {
+                    if slot.as_ref().is_some_and(|endpoint| !step.contains(endpoint)) {
+                        prop_assert_eq!(&next.slots[at], &None, "a slot this step freed was taken by it");
+                    }
                 }
                 for endpoint in &step {
                     prop_assert_eq!(next.slots.iter().filter(|s| s.as_ref() == Some(endpoint)).count(), 1);
