@@ -209,7 +209,12 @@ pub async fn probe(args: ProbeArgs) -> Result<()> {
         }
         None => None,
     };
-    let access = Access { credentials: Credentials::new(args.username, args.password), tls, request_timeout: None };
+    let access = Access {
+        credentials: Credentials::new(args.username, args.password),
+        previous_credentials: None,
+        tls,
+        request_timeout: None,
+    };
     let client = access.client(endpoint)?;
     let info = client.info().await.context("reading the Dataplane API's identity")?;
     let health = client.health().await.context("reading HAProxy's health")?;

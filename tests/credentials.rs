@@ -1,6 +1,9 @@
 //! A credentials rotation (#16), live: the pods' Dataplane APIs restart with a new password,
 //! the Secret named by `credentialsSecretRef` follows, and the running controller deploys
-//! with it at once: no restart, no pod left behind.
+//! with it at once: no restart, no pod left behind. And the other order, a rotation as the
+//! chart makes it (#45, defect 3): the Secret changes first, while changes flow; pods not yet
+//! rolled are asked with the previous password, pods rolled with the new one; none is ever
+//! refused, none is left unconfigured.
 
 mod env;
 
@@ -81,6 +84,92 @@ async fn rotate(
 }
 
 fn with_password(pod: &EnvPod, username: &str, password: &str) -> Result<haptic::dataplane::DataplaneClient> {
-    let access = Access { credentials: Credentials::new(username, password), tls: None, request_timeout: None };
+    let access = Access {
+        credentials: Credentials::new(username, password),
+        previous_credentials: None,
+        tls: None,
+        request_timeout: None,
+    };
     Ok(access.client(Endpoint::parse(&pod.dataplane_url)?)?)
+}
+
+#[tokio::test]
+async fn a_secret_rotated_before_the_pods_roll_locks_no_pod_out_while_changes_flow() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let tag = format!("rollover-{}", std::process::id());
+    let template = env::controller::own_template(env, &tag, "");
+    let (client, namespace) = env::controller::deployment_test_namespace(env, "rollover", &template, "60s").await?;
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("journal");
+    let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &Launch::default())?;
+    controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
+    let rotated = format!("rolled-{}", std::process::id());
+    let outcome = roll_over(env, &client, &namespace, &controller, &rotated).await;
+    for pod in &env.pods {
+        env.rotate_dataplane_password(pod, &env.dataplane.password)?;
+    }
+    outcome
+}
+
+async fn roll_over(
+    env: &Manifest,
+    client: &kube::Client,
+    namespace: &str,
+    controller: &ControllerProcess,
+    rotated: &str,
+) -> Result<()> {
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), namespace);
+    let change = |i: usize| -> Result<Ingress> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": format!("change-{i}")},
+            "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}
+        }))?)
+    };
+    // Changes every 300 ms all along; the Secret rotates first, then the pods roll one by one.
+    let mut made = 0;
+    let next = |made: &mut usize| {
+        *made += 1;
+        change(*made)
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for _ in 0..3 {
+        ingresses.create(&PostParams::default(), &next(&mut made)?).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let patch = json!({"stringData": {"dataplane_password": rotated}});
+    secrets.patch("dataplane", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    for pod in &env.pods {
+        for _ in 0..4 {
+            ingresses.create(&PostParams::default(), &next(&mut made)?).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        env.rotate_dataplane_password(pod, rotated)?;
+    }
+    for _ in 0..3 {
+        ingresses.create(&PostParams::default(), &next(&mut made)?).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
+    let last = format!("backend ingress_change-{made}");
+    for pod in &env.pods {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let raw = with_password(pod, &env.dataplane.username, rotated)?.raw_configuration().await?.text;
+            if raw.contains(&last) {
+                break;
+            }
+            ensure!(std::time::Instant::now() < deadline, "{} does not run the last change ({last})", pod.name);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let log = controller.log_text();
+    ensure!(
+        !log.contains("refused the credentials"),
+        "a pod refused the controller during the rotation:\n{}",
+        controller.log_tail()
+    );
+    ensure!(log.contains("asking with the other ones of the rotation"), "no pod was asked with the other credentials");
+    ensure!(!log.contains(rotated), "the password reached the controller's log");
+    Ok(())
 }

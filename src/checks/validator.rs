@@ -55,7 +55,8 @@ pub struct ValidatorApi {
 impl ValidatorApi {
     /// A validator reached at `endpoint` (`http://127.0.0.1:5555/v3` beside the controller).
     pub fn new(endpoint: &str, credentials: Credentials) -> Result<Self, DataplaneError> {
-        let access = Access { credentials, tls: None, request_timeout: Some(REQUEST_LIMIT) };
+        let access =
+            Access { credentials, previous_credentials: None, tls: None, request_timeout: Some(REQUEST_LIMIT) };
         let client = access.client(Endpoint::parse(endpoint)?)?;
         Ok(Self { endpoint: endpoint.to_owned(), client, held: Mutex::new(None) })
     }

@@ -124,7 +124,8 @@ fn endpoint(scheme: &str, ip: &str, port: u16) -> String {
 }
 
 /// Reads what pods are reached with from the Secrets the configuration names: credentials
-/// (keys `dataplane_username` and `dataplane_password`) and, when `spec.dataplane.tls` is set,
+/// (keys `dataplane_username` and `dataplane_password`, and during a rotation
+/// `dataplane_password_previous`, the password pods not yet rolled hold) and, when `spec.dataplane.tls` is set,
 /// the CA bundle (`ca.crt`) and optional client certificate (`tls.crt`, `tls.key`). When TLS
 /// is asked for and its Secret cannot be used, there is no access at all: never clear text
 /// instead. Errors name Secrets and keys, never their content.
@@ -140,7 +141,12 @@ pub(crate) async fn access(
         .ok_or("spec.dataplane.credentialsSecretRef is not set, so no pod can be deployed to")?;
     let credentials = read_secret(client, reference, namespace).await?;
     let text = |key: &str| credentials.required(key).map(|bytes| String::from_utf8_lossy(bytes).into_owned());
-    let credentials = Credentials::new(text("dataplane_username")?, text("dataplane_password")?);
+    let username = text("dataplane_username")?;
+    // During a rotation the Secret may keep the password the pods not yet rolled started with.
+    let previous =
+        credentials.optional("dataplane_password_previous").map(|bytes| String::from_utf8_lossy(bytes).into_owned());
+    let previous_credentials = previous.filter(|p| !p.is_empty()).map(|p| Credentials::new(username.clone(), p));
+    let credentials = Credentials::new(username, text("dataplane_password")?);
     let tls = match &spec.dataplane.tls {
         Some(tls) => {
             let secret = read_secret(client, &tls.secret_ref, namespace).await?;
@@ -155,7 +161,12 @@ pub(crate) async fn access(
         }
         None => None,
     };
-    Ok(Access { credentials, tls, request_timeout: Some(spec.dataplane.deployment_timeout.get()) })
+    Ok(Access {
+        credentials,
+        previous_credentials,
+        tls,
+        request_timeout: Some(spec.dataplane.deployment_timeout.get()),
+    })
 }
 
 /// A Secret's data, named `namespace/name` in messages.

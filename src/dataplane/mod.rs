@@ -78,11 +78,45 @@ impl fmt::Debug for Credentials {
     }
 }
 
+/// A client's credentials: those it sends, and the other ones of a rotation, if any.
+#[derive(Debug)]
+struct Rollover {
+    current: Credentials,
+    other: Option<Credentials>,
+}
+
+impl Rollover {
+    fn shared(current: Credentials) -> std::sync::Arc<std::sync::Mutex<Self>> {
+        std::sync::Arc::new(std::sync::Mutex::new(Self { current, other: None }))
+    }
+
+    /// Sends the other credentials from now on (the pod refused these); gives them, if any.
+    fn switch(&mut self) -> Option<Credentials> {
+        let other = self.other.take()?;
+        self.other = Some(std::mem::replace(&mut self.current, other));
+        Some(self.current.clone())
+    }
+}
+
+/// The `Authorization` header of HTTP Basic `credentials`, marked sensitive.
+fn basic_authorization(credentials: &Credentials) -> Option<reqwest::header::HeaderValue> {
+    use base64::Engine as _;
+    let pair = format!("{}:{}", credentials.username, credentials.password);
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = reqwest::header::HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
 /// What every pod's Dataplane API is reached with: credentials and, optionally, TLS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Access {
     /// HTTP Basic credentials.
     pub credentials: Credentials,
+    /// The credentials before a rotation, still accepted by the pods that started with them:
+    /// a pod refusing `credentials` is asked with these (and then keeps being asked with them
+    /// until it refuses them), so a rotation locks no pod out before it is rolled.
+    pub previous_credentials: Option<Credentials>,
     /// TLS settings; clear text when absent.
     pub tls: Option<TlsSettings>,
     /// How long one request may take (30 s when absent): `spec.dataplane.deploymentTimeout`.
@@ -92,7 +126,7 @@ pub struct Access {
 impl Access {
     /// Clear-text access with these credentials.
     pub fn plain(credentials: Credentials) -> Self {
-        Self { credentials, tls: None, request_timeout: None }
+        Self { credentials, previous_credentials: None, tls: None, request_timeout: None }
     }
 
     /// The URL scheme pods are reached with.
@@ -106,6 +140,7 @@ impl Access {
             Some(tls) => DataplaneClient::with_tls(endpoint, self.credentials.clone(), tls)?,
             None => DataplaneClient::new(endpoint, self.credentials.clone()),
         };
+        let client = client.with_previous_credentials(self.previous_credentials.clone());
         Ok(match self.request_timeout {
             Some(timeout) => client.with_timeout(timeout),
             None => client,
@@ -293,7 +328,8 @@ pub struct DataplaneClient {
     /// Where requests go: the endpoint, or with TLS to a server name, that name (resolved to
     /// the endpoint's address by the client itself).
     request_base: Url,
-    credentials: Credentials,
+    /// The credentials sent, and the other ones of a rotation, shared by the client's clones.
+    credentials: std::sync::Arc<std::sync::Mutex<Rollover>>,
     http: reqwest::Client,
     /// TLS without a client certificate: a connection closed during the exchange is most
     /// likely a Dataplane API that requires one (it closes without saying why).
@@ -341,7 +377,7 @@ impl DataplaneClient {
         Self {
             endpoint,
             request_base,
-            credentials,
+            credentials: Rollover::shared(credentials),
             http,
             may_lack_client_certificate: false,
             guard: None,
@@ -382,12 +418,29 @@ impl DataplaneClient {
         Ok(Self {
             endpoint,
             request_base,
-            credentials,
+            credentials: Rollover::shared(credentials),
             http,
             may_lack_client_certificate,
             guard: None,
             timeout: REQUEST_TIMEOUT,
         })
+    }
+
+    /// This client, asking with `previous` when the pod refuses its credentials (a rotation's
+    /// old ones, which a pod not yet rolled still holds).
+    pub fn with_previous_credentials(self, previous: Option<Credentials>) -> Self {
+        if let Ok(mut rollover) = self.credentials.lock() {
+            rollover.other = previous.filter(|previous| *previous != rollover.current);
+        }
+        self
+    }
+
+    /// The credentials sent now.
+    fn sent_credentials(&self) -> Credentials {
+        self.credentials
+            .lock()
+            .map(|r| r.current.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().current.clone())
     }
 
     /// This client, giving each request at most `timeout`.
@@ -745,9 +798,8 @@ impl DataplaneClient {
     }
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, self.url(path))
-            .basic_auth(&self.credentials.username, Some(&self.credentials.password))
+        let credentials = self.sent_credentials();
+        self.http.request(method, self.url(path)).basic_auth(&credentials.username, Some(&credentials.password))
     }
 
     fn url(&self, path: &str) -> Url {
@@ -788,14 +840,49 @@ impl DataplaneClient {
             otel.status_code = tracing::field::Empty,
             otel.status_message = tracing::field::Empty,
         );
+        // A request with a body that cannot be sent twice (an upload) is not retried: the
+        // switch still holds for the next request.
+        let retry = request.try_clone();
         let sent = tracing::Instrument::instrument(request.send(), span.clone()).await;
-        let response = match sent {
+        let mut response = self.answered(sent, &span, &method, path)?;
+        if response.status() == StatusCode::UNAUTHORIZED {
+            let switched = self.credentials.lock().ok().and_then(|mut rollover| rollover.switch());
+            if let Some(credentials) = switched {
+                tracing::info!(endpoint = %self.endpoint, username = %credentials.username,
+                               "the pod refuses the credentials: asking with the other ones of the rotation");
+                if let Some(mut again) = retry.and_then(|retry| retry.build().ok())
+                    && let Some(header) = basic_authorization(&credentials)
+                {
+                    again.headers_mut().insert(reqwest::header::AUTHORIZATION, header);
+                    let sent = tracing::Instrument::instrument(self.http.execute(again), span.clone()).await;
+                    response = self.answered(sent, &span, &method, path)?;
+                }
+            }
+        }
+        if response.status() == StatusCode::UNAUTHORIZED {
+            return Err(DataplaneError::Unauthorized {
+                endpoint: self.endpoint.to_string(),
+                username: self.sent_credentials().username,
+            });
+        }
+        Ok(response)
+    }
+
+    /// The answer to one send, or why there was none (recorded on `span`).
+    fn answered(
+        &self,
+        sent: Result<reqwest::Response, reqwest::Error>,
+        span: &tracing::Span,
+        method: &Method,
+        path: &str,
+    ) -> Result<reqwest::Response, DataplaneError> {
+        match sent {
             Ok(response) => {
                 span.record("http.response.status_code", response.status().as_u16());
                 if response.status().is_server_error() || response.status() == StatusCode::UNAUTHORIZED {
                     span.record("otel.status_code", "ERROR");
                 }
-                response
+                Ok(response)
             }
             Err(source) => {
                 let mut cause = tls::error_chain(&source);
@@ -809,21 +896,14 @@ impl DataplaneClient {
                 }
                 span.record("otel.status_code", "ERROR");
                 span.record("otel.status_message", cause.as_str());
-                return Err(DataplaneError::Unreachable {
+                Err(DataplaneError::Unreachable {
                     endpoint: self.endpoint.to_string(),
                     method: method.clone(),
                     path: path.to_owned(),
                     cause,
-                });
+                })
             }
-        };
-        if response.status() == StatusCode::UNAUTHORIZED {
-            return Err(DataplaneError::Unauthorized {
-                endpoint: self.endpoint.to_string(),
-                username: self.credentials.username.clone(),
-            });
         }
-        Ok(response)
     }
 
     async fn send_expecting(

@@ -95,8 +95,17 @@ impl DataplaneActions {
 
     /// Replaces the credentials or TLS settings (a Secret changed); connections are rebuilt
     /// with them. Unchanged settings keep the open connections.
-    pub fn set_access(&self, access: Access) {
+    /// The credentials replaced stay a fallback (unless the Secret names the previous password
+    /// itself): pods started with them hold them until they are rolled.
+    pub fn set_access(&self, mut access: Access) {
         if let Ok(mut current) = self.access.lock() {
+            if access.previous_credentials.is_none() {
+                access.previous_credentials = if current.credentials == access.credentials {
+                    current.previous_credentials.clone()
+                } else {
+                    Some(current.credentials.clone())
+                };
+            }
             if *current == access {
                 return;
             }

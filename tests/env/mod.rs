@@ -324,7 +324,9 @@ impl Manifest {
             TlsSettings::from_pem(&read(&tls.ca_crt), Some((&certificate, &key)), Some(&tls.server_name))
                 .expect("the environment's PKI is valid")
         });
-        Access { credentials, tls, request_timeout: None }.client(endpoint).expect("a client for an environment pod")
+        Access { credentials, previous_credentials: None, tls, request_timeout: None }
+            .client(endpoint)
+            .expect("a client for an environment pod")
     }
 
     /// Creates a namespace of its own for one test, with every environment pod registered in it.
