@@ -109,6 +109,13 @@ pub struct RunArgs {
     /// (`HAPTIC_VALIDATION_DATAPLANE_PASSWORD`: a flag would show in the process list).
     #[arg(long, env = "HAPTIC_VALIDATION_DATAPLANE_USERNAME", default_value = "admin")]
     pub validation_dataplane_username: String,
+    /// Create the Dataplane credentials Secret of this name (in the configuration's namespace)
+    /// with a random password when it does not exist; never change an existing one.
+    #[arg(long, env = "HAPTIC_CREATE_DATAPLANE_SECRET")]
+    pub create_dataplane_secret: Option<String>,
+    /// The user name put in a Secret `--create-dataplane-secret` creates.
+    #[arg(long, env = "HAPTIC_DATAPLANE_USERNAME", default_value = "admin")]
+    pub dataplane_username: String,
     /// Serve the validating admission webhook (HTTPS, `POST /validate`) on this address.
     #[arg(long, env = "HAPTIC_WEBHOOK_ADDRESS")]
     pub webhook_address: Option<std::net::SocketAddr>,
@@ -368,6 +375,19 @@ pub fn describe_change(before: &crate::files::FileSet, after: &crate::files::Fil
 /// service account.
 pub async fn run(args: RunArgs) -> Result<()> {
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API server")?;
+    if let Some(name) = &args.create_dataplane_secret {
+        let created = crate::controller::credentials::ensure_secret(
+            &client,
+            &args.config_namespace,
+            name,
+            &args.dataplane_username,
+        )
+        .await
+        .map_err(|why| anyhow::anyhow!("--create-dataplane-secret: {why}"))?;
+        if created {
+            tracing::info!(secret = %name, "created the Dataplane credentials Secret with a random password");
+        }
+    }
     let identity = args.leader_election_identity.clone().unwrap_or_else(default_identity);
     crate::dataplane::set_replica_name(&identity);
     let election = match &args.leader_election_lease {

@@ -332,6 +332,8 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         // TLS certificates of Ingresses (listed with a type=kubernetes.io/tls field selector).
         ("list", "", "secrets", None, None, None),
         ("watch", "", "secrets", None, None, None),
+        // No password given: the controller creates the credentials Secret once, if missing.
+        ("create", "", "secrets", ns, None, None),
         ("create", "coordination.k8s.io", "leases", ns, None, None),
         ("patch", "coordination.k8s.io", "leases", ns, Some(fullname.as_str()), None),
         ("create", "events.k8s.io", "events", ns, None, None),
@@ -351,7 +353,7 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         );
     }
     let denied = [
-        ("create", "", "secrets", ns, None, None),
+        ("create", "", "secrets", Some("kube-system"), None, None),
         ("update", "", "secrets", ns, Some(secret.as_str()), None),
         ("delete", "", "secrets", Some("kube-system"), Some("any"), None),
         ("delete", "", "pods", ns, Some("haproxy-0"), None),
@@ -399,8 +401,16 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
     let admin_token =
         admin.lines().find_map(|l| l.trim().strip_prefix("token:")).context("admin token")?.trim().to_owned();
     std::fs::write(&kubeconfig, admin.replace(&admin_token, &token))?;
+    // As the chart runs it when given no password: the credentials Secret made once, here.
     let launch = Launch {
-        args: vec!["--leader-election-lease".into(), fullname.clone()],
+        args: vec![
+            "--leader-election-lease".into(),
+            fullname.clone(),
+            "--create-dataplane-secret".into(),
+            secret.clone(),
+            "--dataplane-username".into(),
+            "haptic".into(),
+        ],
         kubeconfig: Some(kubeconfig),
         // The API as the chart runs it: readers need a token allowed by the reader role.
         env: vec![("HAPTIC_API_AUTH".into(), "kubernetes".into())],
@@ -432,6 +442,11 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         controller.log_tail()
     );
     ensure!(!log.contains("forbidden") && !log.contains("Forbidden"), "a request was forbidden:\n{log}");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &namespace);
+    let made = secrets.get(&secret).await.context("the controller made no credentials Secret")?;
+    let password = made.data.as_ref().and_then(|d| d.get("dataplane_password")).context("no password")?.0.clone();
+    ensure!(password.len() == 32, "a password of {} bytes", password.len());
+    ensure!(log.contains("created the Dataplane credentials Secret"), "the creation was not said");
 
     // Its API: open health; pods and metrics only with a token of a user the chart's reader
     // role is bound to (real ServiceAccount tokens, reviewed by the real API server).

@@ -21,6 +21,49 @@ pub(crate) struct AccessChanged {
     pub(crate) access: Result<Access, String>,
 }
 
+/// Creates the Dataplane credentials Secret `namespace/name` (keys `dataplane_username`,
+/// `dataplane_password`: 32 random letters and digits) when it does not exist; an existing one
+/// is never changed. The chart's way when it is given no password: a template's `lookup`
+/// (which GitOps tools render without a cluster) made a new password on every sync. Several
+/// replicas may race: the one that loses finds the winner's. Whether it was created.
+pub async fn ensure_secret(client: &kube::Client, namespace: &str, name: &str, username: &str) -> Result<bool, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let said = |e: kube::Error| format!("Secret {namespace}/{name}: {e}");
+    if secrets.get_metadata_opt(name).await.map_err(said)?.is_some() {
+        return Ok(false);
+    }
+    let password = random_password().map_err(|e| format!("no randomness for a password: {e}"))?;
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "haptic"}},
+        "type": "Opaque",
+        "stringData": {"dataplane_username": username, "dataplane_password": password}
+    }))
+    .map_err(|e| format!("Secret {namespace}/{name}: {e}"))?;
+    match secrets.create(&kube::api::PostParams::default(), &secret).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(answer)) if answer.code == 409 => Ok(false),
+        Err(error) => Err(said(error)),
+    }
+}
+
+/// 32 letters and digits from the kernel's random source.
+fn random_password() -> std::io::Result<String> {
+    use std::io::Read as _;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut password = String::with_capacity(32);
+    let mut source = std::fs::File::open("/dev/urandom")?;
+    while password.len() < 32 {
+        let mut byte = [0u8; 1];
+        source.read_exact(&mut byte)?;
+        // 248 = 4 * 62: bytes above it are drawn again, so every character is equally likely.
+        if usize::from(byte[0]) < 4 * ALPHABET.len() {
+            password.push(char::from(ALPHABET[usize::from(byte[0]) % ALPHABET.len()]));
+        }
+    }
+    Ok(password)
+}
+
 /// The Secrets `spec` reaches pods with, as (namespace, name); `namespace` is the
 /// configuration's, for references that name none.
 pub(crate) fn secrets(spec: &HAProxyTemplateConfigSpec, namespace: &str) -> Vec<(String, String)> {
@@ -79,6 +122,14 @@ pub(crate) async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generated_password_is_32_letters_and_digits_and_new_each_time() {
+        let (first, second) = (random_password().unwrap(), random_password().unwrap());
+        assert_eq!(first.len(), 32);
+        assert!(first.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(first, second);
+    }
 
     #[test]
     fn the_credentials_and_tls_secrets_are_watched_each_once() {

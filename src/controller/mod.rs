@@ -5,7 +5,7 @@
 //! active version running, and renders when watched changes, coalesced by the debouncer, call
 //! for it. Deploying the render to pods joins in the fleet issue (#4).
 
-mod credentials;
+pub mod credentials;
 mod deploy;
 mod gateway_status;
 mod ingress_status;
