@@ -731,6 +731,15 @@ impl PodActions for DataplaneActions {
         Ok(Patched::Taken(copy))
     }
 
+    fn forget_pod(&self, pod: &PodTarget) {
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.remove(&pod.endpoint);
+        }
+        if let Ok(mut versions) = self.haproxy_versions.lock() {
+            versions.remove(&pod.uid);
+        }
+    }
+
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
         let client = self.client(pod).map_err(|e| e.to_string())?;
         let uid = pod.uid.clone();

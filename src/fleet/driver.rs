@@ -67,6 +67,9 @@ pub trait PodActions: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Patched, ActionError>> + Send;
     /// Puts back the auxiliary files uploaded for a rejected configuration.
     fn restore_files(&self, pod: &PodTarget) -> impl Future<Output = Result<(), String>> + Send;
+    /// Forgets what is kept for a pod its driver left (gone, or reached otherwise now): pods
+    /// come and go for as long as the controller runs.
+    fn forget_pod(&self, _pod: &PodTarget) {}
 }
 
 /// The fleet's bounds on actions in flight at once, shared by every driver.

@@ -87,14 +87,17 @@ pub async fn run<A: PodActions>(
             .collect();
         for uid in leaving {
             if let Some(driver) = running.remove(&uid) {
-                // Its action in flight ends at its next step; nobody waits for it.
+                // Its action in flight ends at its next step; a new driver for the pod waits
+                // for that (below): two drivers never work one pod at once.
                 let _ = driver.stop.send(true);
+                actions.forget_pod(&driver.target);
                 info!(pod = %driver.target.name, %uid, "pod cannot be deployed to now: driver stopped");
             }
         }
         forget_deleted(&journal, &current.present).await;
         for (uid, target) in wanted {
-            if running.contains_key(&uid) {
+            // A stopped driver of this pod may still finish its action: started when it ends.
+            if running.contains_key(&uid) || tasks.values().any(|stopping| *stopping == uid) {
                 continue;
             }
             info!(pod = %target.name, %uid, "pod found: starting its driver");
@@ -186,10 +189,30 @@ mod tests {
         failing: Mutex<HashSet<String>>,
         slow: Mutex<HashSet<String>>,
         panicking: Mutex<HashSet<String>>,
+        /// Actions in flight per pod now, and the most ever at once on one pod.
+        busy: Mutex<Map<String, usize>>,
+        most_at_once: Mutex<usize>,
+    }
+
+    impl FakeFleet {
+        fn enter(&self, pod: &PodTarget) {
+            let mut busy = self.busy.lock().unwrap();
+            let now = busy.entry(pod.uid.0.clone()).or_default();
+            *now += 1;
+            let mut most = self.most_at_once.lock().unwrap();
+            *most = (*most).max(*now);
+        }
+
+        fn leave(&self, pod: &PodTarget) {
+            *self.busy.lock().unwrap().entry(pod.uid.0.clone()).or_default() -= 1;
+        }
     }
 
     impl PodActions for FakeFleet {
         async fn verify(&self, pod: &PodTarget, _: Option<&StoredCopy>, _: bool) -> Result<Reading, ActionError> {
+            self.enter(pod);
+            tokio::task::yield_now().await;
+            self.leave(pod);
             if self.panicking.lock().unwrap().remove(&pod.uid.0) {
                 panic!("a bug in a driver");
             }
@@ -209,9 +232,11 @@ mod tests {
             Ok(Validation::Passed)
         }
         async fn push(&self, pod: &PodTarget, desired: &Desired, _: ConfigVersion) -> Result<StoredCopy, ActionError> {
+            self.enter(pod);
             if self.slow.lock().unwrap().contains(&pod.uid.0) {
                 tokio::time::sleep(Duration::from_secs(30)).await;
             }
+            self.leave(pod);
             self.pushes.lock().unwrap().push(pod.uid.0.clone());
             self.runs.lock().unwrap().insert(pod.uid.0.clone(), desired.checksums.clone());
             let render = desired.files.haproxy_cfg.checksum;
@@ -339,6 +364,32 @@ mod tests {
         // Deleted: forgotten.
         pods_tx.send(fleet_of(&[pod("a", "haproxy-0")], &[])).unwrap();
         until(&journal, "b forgotten", |j| state(j, "b").is_none()).await;
+        drop(pods_tx);
+        fleet.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_reached_otherwise_gets_its_new_driver_only_after_the_old_one_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(&dir.path().join("journal"), 100).unwrap().0);
+        let fake = Arc::new(FakeFleet::default());
+        fake.slow.lock().unwrap().insert("a".into());
+        let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
+        let (_desired_tx, desired_rx) = watch::channel(desired("a"));
+        let settings = DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+        };
+        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        // The push takes 30 s; meanwhile the pod is reached at another endpoint (a new target).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut moved = pod("a", "haproxy-0");
+        moved.endpoint = "http://10.0.0.9:5555".into();
+        pods_tx.send(fleet_of(&[moved], &[])).unwrap();
+        until(&journal, "the pod in sync", |j| state(j, "a") == Some(State::InSync)).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(*fake.most_at_once.lock().unwrap(), 1, "two drivers worked one pod at once");
         drop(pods_tx);
         fleet.await.unwrap();
     }

@@ -141,8 +141,8 @@ fn storage_from_code(code: u8) -> Option<StorageKind> {
 /// Errors of the journal, each saying what it was doing.
 #[derive(Debug, Error)]
 pub enum JournalError {
-    /// sled failed (disk full, I/O error...).
-    #[error("journal at {dir}: {action}: {source}")]
+    /// sled failed (disk full, I/O error...); the message says what to do where it can tell.
+    #[error("journal at {dir}: {action}: {source}{}", store_hint(source))]
     Store {
         /// The journal directory.
         dir: PathBuf,
@@ -198,6 +198,25 @@ impl JournalError {
     /// Whether sled found its files corrupt (as opposed to unreachable or locked).
     fn is_corruption(&self) -> bool {
         matches!(self, Self::Store { source: sled::Error::Corruption { .. }, .. })
+    }
+}
+
+/// What an operator can do about a store failure, where its cause is plain: a journal the
+/// controller crash-loops on must say why in the one line it leaves.
+fn store_hint(source: &sled::Error) -> &'static str {
+    let sled::Error::Io(error) = source else { return "" };
+    if error.to_string().contains("could not acquire lock") {
+        " (another haptic process holds this journal: each replica needs a volume of its own, \
+         and a replica being replaced must stop before its successor opens the same volume)"
+    } else if error.kind() == std::io::ErrorKind::PermissionDenied {
+        " (the directory is not writable by the controller's user: the chart sets fsGroup on the \
+         journal volume; check the volume's ownership)"
+    } else if error.raw_os_error() == Some(28) {
+        " (the volume is full: grow it, or lower --journal-retention)"
+    } else if error.raw_os_error() == Some(30) {
+        " (the volume is mounted read-only)"
+    } else {
+        ""
     }
 }
 
@@ -907,6 +926,28 @@ fn transition_entry(record: TransitionRecordV2, kind: RecordKind, version: u16) 
         term: LeaderTerm(record.term),
         trace_id: record.trace_id.map(TraceId),
     })
+}
+
+#[cfg(test)]
+mod open_failure_tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_that_cannot_open_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let locked = JournalError::Store {
+            dir: dir.path().to_owned(),
+            action: "opening",
+            source: sled::Error::Io(std::io::Error::other("could not acquire lock on \"db\"")),
+        };
+        assert!(locked.to_string().contains("each replica needs a volume of its own"), "{locked}");
+        let denied = JournalError::Store {
+            dir: dir.path().to_owned(),
+            action: "opening",
+            source: sled::Error::Io(std::io::Error::from(std::io::ErrorKind::PermissionDenied)),
+        };
+        assert!(denied.to_string().contains("not writable by the controller's user"), "{denied}");
+    }
 }
 
 #[cfg(test)]
