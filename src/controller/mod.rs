@@ -150,7 +150,8 @@ pub async fn run(
     let sink = RenderSink::new(options.render_dir.clone());
     let instance = options.election.as_ref().map(|e| e.identity.clone()).unwrap_or_else(|| "haptic".into());
     let status_configs = configs.clone();
-    let mut status = status::StatusWriter::new(client.clone(), configs, options.name.clone(), instance);
+    let status =
+        status::StatusTask::start(status::StatusWriter::new(client.clone(), configs, options.name.clone(), instance));
     let mut facts = StatusFacts::default();
     let mut gateway_writer: Option<gateway_status::GatewayStatusTask> = None;
     let mut status_tick = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -363,7 +364,7 @@ pub async fn run(
                     }
                 }
                 if writes_status(*leadership.borrow(), &journal) {
-                    status.publish(&facts).await;
+                    status.publish(&facts);
                 }
             }
             _ = status_tick.tick() => {
@@ -378,7 +379,7 @@ pub async fn run(
                         }
                         facts.pods = Some(pods);
                     }
-                    status.publish(&facts).await;
+                    status.publish(&facts);
                     // At most once a tick however many arrived: at 10,000 Ingresses the
                     // controller's own status writes come back as as many changes.
                     if let (false, Some(active), Some((generation, offenders))) =
@@ -453,7 +454,7 @@ pub async fn run(
                 let files = match rendered {
                     Ok(Rendered { files, refused, ingresses, offenders }) => {
                         if writes_status(*leadership.borrow(), &journal) {
-                            status.announce_refusals(refused).await;
+                            status.announce_refusals(refused);
                             ingress_writer.offer(ingresses);
                         }
                         left_out_of_last_render = Some((active.generation, offenders));

@@ -359,6 +359,76 @@ impl StatusWriter {
     }
 }
 
+/// The configuration's status writer on a task of its own: the loop hands it the latest
+/// configuration object, facts and refusals and never waits for the API server (a slow one
+/// delays the status, never a render). Each channel keeps only the latest: a write owed is
+/// replaced by a newer one before it is made. Stopped when dropped.
+pub(crate) struct StatusTask {
+    config: tokio::sync::watch::Sender<Option<HAProxyTemplateConfig>>,
+    facts: tokio::sync::watch::Sender<Option<StatusFacts>>,
+    refusals: tokio::sync::watch::Sender<Option<Vec<Refusal>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusTask {
+    /// Starts `writer` on its task.
+    pub(crate) fn start(mut writer: StatusWriter) -> Self {
+        let (config, mut config_rx) = tokio::sync::watch::channel(None);
+        let (facts, mut facts_rx) = tokio::sync::watch::channel(None);
+        let (refusals, mut refusals_rx) = tokio::sync::watch::channel::<Option<Vec<Refusal>>>(None);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    // The object first: the generation and the Events' subject come from it.
+                    biased;
+                    changed = config_rx.changed() => {
+                        if changed.is_err() { break }
+                        if let Some(config) = config_rx.borrow_and_update().as_ref() {
+                            writer.saw(config);
+                        }
+                    }
+                    changed = refusals_rx.changed() => {
+                        if changed.is_err() { break }
+                        let refusals = refusals_rx.borrow_and_update().clone();
+                        if let Some(refusals) = refusals {
+                            writer.announce_refusals(refusals).await;
+                        }
+                    }
+                    changed = facts_rx.changed() => {
+                        if changed.is_err() { break }
+                        let facts = facts_rx.borrow_and_update().clone();
+                        if let Some(facts) = facts {
+                            writer.publish(&facts).await;
+                        }
+                    }
+                }
+            }
+        });
+        Self { config, facts, refusals, task }
+    }
+
+    /// Notes the configuration object (its generation and identity, for Events).
+    pub(crate) fn saw(&self, config: &HAProxyTemplateConfig) {
+        self.config.send_replace(Some(config.clone()));
+    }
+
+    /// Owes the conditions these facts call for (written when they differ from the last).
+    pub(crate) fn publish(&self, facts: &StatusFacts) {
+        self.facts.send_replace(Some(facts.clone()));
+    }
+
+    /// Owes an Event on each object newly left out of the render.
+    pub(crate) fn announce_refusals(&self, refusals: Vec<Refusal>) {
+        self.refusals.send_replace(Some(refusals));
+    }
+}
+
+impl Drop for StatusTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// How long one status or Event write may take: an API server that stopped answering must
 /// not hold up the controller's loop (the kube client waits minutes for a silent peer).
 const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

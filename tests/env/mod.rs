@@ -267,7 +267,8 @@ pub fn environment() -> &'static Manifest {
     })
 }
 
-fn repo_root() -> PathBuf {
+/// The repository's root (where Cargo.toml is).
+pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
