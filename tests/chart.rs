@@ -20,6 +20,46 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+/// Secure by default (#45, defect 9): every container of the chart runs without privileges on
+/// a read-only root filesystem, and the internet-facing HAProxy container cannot read the
+/// Dataplane API's password (not on its volumes, no shared process namespace).
+#[test]
+fn every_container_is_unprivileged_and_haproxy_cannot_read_the_dataplane_password() -> Result<()> {
+    for values in [&[][..], &["--set", "haproxy.dataplane.runtimeCommands=statsSocket"][..]] {
+        let documents = render_chart("rel", "haptic-system", values)?;
+        for document in documents.iter().filter(|d| d["kind"] == "Deployment" || d["kind"] == "StatefulSet") {
+            let pod = &document["spec"]["template"]["spec"];
+            let name = document["metadata"]["name"].as_str().unwrap_or_default();
+            ensure!(pod["securityContext"]["runAsNonRoot"] == true, "{name}: may run as root");
+            let containers = pod["containers"].as_array().into_iter().flatten();
+            for container in containers.chain(pod["initContainers"].as_array().into_iter().flatten()) {
+                let context = &container["securityContext"];
+                let what = format!("{name}/{}", container["name"]);
+                ensure!(context["readOnlyRootFilesystem"] == true, "{what}: writable root filesystem");
+                ensure!(context["allowPrivilegeEscalation"] == false, "{what}: may escalate privileges");
+                ensure!(context["capabilities"]["drop"] == json!(["ALL"]), "{what}: keeps capabilities");
+            }
+            if name.ends_with("-haproxy") {
+                let haproxy = pod["containers"].as_array().into_iter().flatten().find(|c| c["name"] == "haproxy");
+                let haproxy = haproxy.context("no haproxy container")?;
+                let mounts: Vec<&str> = haproxy["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| m["name"].as_str())
+                    .collect();
+                ensure!(!mounts.contains(&"dataplane-config"), "HAProxy mounts the Dataplane API's config: {mounts:?}");
+                let shared = pod["shareProcessNamespace"] == true;
+                ensure!(
+                    shared == values.contains(&"haproxy.dataplane.runtimeCommands=statsSocket"),
+                    "one process namespace only where HAProxy 2.6 is reloaded by a signal"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Result<()> {
     let chart = chart_dir().display().to_string();
