@@ -81,6 +81,11 @@ pub struct RunArgs {
     /// (anyone who can reach the port: local use only). Health is always open, on its own port.
     #[arg(long, env = "HAPTIC_API_AUTH", value_enum, default_value_t = ApiAuth::Kubernetes)]
     pub api_auth: ApiAuth,
+    /// The audience a reader's token must be issued for (`kubectl create token NAME --audience
+    /// haptic`): a token for the API server itself is refused, so the controller can never be
+    /// handed one it could replay there.
+    #[arg(long, env = "HAPTIC_API_TOKEN_AUDIENCE", default_value = "haptic")]
+    pub api_token_audience: String,
     /// Elect a leader among replicas on this Lease (in the configuration's namespace); only
     /// the leader deploys. Without it, this replica deploys alone.
     #[arg(long, env = "HAPTIC_LEADER_ELECTION_LEASE")]
@@ -425,7 +430,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         journal_retention: args.journal_retention,
         api_address: Some(args.api_address),
         health_address: Some(args.health_address),
-        api_auth: args.api_auth == ApiAuth::Kubernetes,
+        api_auth: (args.api_auth == ApiAuth::Kubernetes).then(|| args.api_token_audience.clone()),
         election,
         webhook: args.webhook_address.map(|address| crate::api::webhook::WebhookSettings {
             address,

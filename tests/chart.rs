@@ -415,10 +415,15 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
 
     // The real controller, authenticated as the ServiceAccount, runs the chart's configuration.
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
-    let token_of = |account: String| {
+    // For the API server (no audience), or for haptic's HTTP API (audience `haptic`).
+    let token_for = |account: String, audiences: Vec<&'static str>| {
         let accounts = accounts.clone();
         async move {
-            let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}}))?;
+            let mut spec = json!({"expirationSeconds": 3600});
+            if !audiences.is_empty() {
+                spec["audiences"] = json!(audiences);
+            }
+            let request: TokenRequest = serde_json::from_value(json!({"spec": spec}))?;
             anyhow::Ok(
                 accounts
                     .create_subresource::<TokenRequest, TokenRequest>(
@@ -434,7 +439,7 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
             )
         }
     };
-    let token = token_of(fullname.clone()).await?;
+    let token = token_for(fullname.clone(), vec![]).await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     let admin = std::fs::read_to_string(&env.kubeconfig)?;
@@ -502,8 +507,10 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]
     }))?;
     bindings.create(&PostParams::default(), &binding).await?;
-    let reader = token_of("reader".into()).await?;
-    let stranger = token_of("stranger".into()).await?;
+    let reader = token_for("reader".into(), vec!["haptic"]).await?;
+    let stranger = token_for("stranger".into(), vec!["haptic"]).await?;
+    // The reader's token for the API server itself: never haptic's to accept (nor to replay).
+    let reader_for_apiserver = token_for("reader".into(), vec![]).await?;
     let api = controller.api_url().await?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
     let status_of = |path: &str, token: Option<&str>| {
@@ -523,6 +530,12 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
         let cases = [
             (None, 401, "no token"),
             (Some("not-a-token"), 401, "a token the cluster does not know"),
+            // Bound to haptic's audience, but for /metrics, which Prometheus reads with its own.
+            (
+                Some(reader_for_apiserver.as_str()),
+                if path == "/metrics" { 200 } else { 401 },
+                "a reader's token for the API server",
+            ),
             (Some(stranger.as_str()), 403, "a ServiceAccount without the reader role"),
             (Some(reader.as_str()), 200, "a ServiceAccount with the reader role"),
         ];

@@ -77,25 +77,30 @@ async fn bounded<T>(
 /// Reviews tokens against the Kubernetes API server.
 pub struct KubeAuthorizer {
     client: kube::Client,
+    /// The audience tokens must be issued for.
+    audience: String,
     remembered: Mutex<HashMap<Checksum, (Decision, Instant)>>,
 }
 
 impl KubeAuthorizer {
-    /// An authorizer that asks the API server `client` talks to.
-    pub fn new(client: kube::Client) -> Self {
-        Self { client, remembered: Mutex::new(HashMap::new()) }
+    /// An authorizer that asks the API server `client` talks to, for tokens issued for
+    /// `audience`.
+    pub fn new(client: kube::Client, audience: &str) -> Self {
+        Self { client, audience: audience.to_owned(), remembered: Mutex::new(HashMap::new()) }
     }
 
-    /// Whether `token` may read the API.
-    pub async fn review(&self, token: &str) -> Result<Decision, AuthError> {
-        let key = Checksum::of(token.as_bytes());
+    /// Whether `token` may read the API; `bound`, only when issued for haptic's audience (the
+    /// API's pod and configuration answers), else for the API server's as well (`/metrics`,
+    /// which Prometheus reads with its own ServiceAccount token, as kube-rbac-proxy allows).
+    pub async fn review(&self, token: &str, bound: bool) -> Result<Decision, AuthError> {
+        let key = Checksum::of(format!("{bound}:{token}").as_bytes());
         if let Ok(remembered) = self.remembered.lock()
             && let Some((decision, at)) = remembered.get(&key)
             && at.elapsed() < KEEP
         {
             return Ok(decision.clone());
         }
-        let decision = self.ask(token).await?;
+        let decision = self.ask(token, bound).await?;
         if let Ok(mut remembered) = self.remembered.lock() {
             remembered.retain(|_, (_, at)| at.elapsed() < KEEP);
             if remembered.len() < MAX_REMEMBERED {
@@ -105,15 +110,30 @@ impl KubeAuthorizer {
         Ok(decision)
     }
 
-    async fn ask(&self, token: &str) -> Result<Decision, AuthError> {
+    async fn ask(&self, token: &str, bound: bool) -> Result<Decision, AuthError> {
+        // A token for haptic's audience serves everywhere; one for the API server's only where
+        // the path is not bound.
+        match self.ask_once(token, true).await? {
+            Decision::Unauthenticated if !bound => self.ask_once(token, false).await,
+            decision => Ok(decision),
+        }
+    }
+
+    async fn ask_once(&self, token: &str, bound: bool) -> Result<Decision, AuthError> {
         let reviews: Api<TokenReview> = Api::all(self.client.clone());
         let review = TokenReview {
-            spec: TokenReviewSpec { token: Some(token.to_owned()), ..TokenReviewSpec::default() },
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: bound.then(|| vec![self.audience.clone()]),
+            },
             ..TokenReview::default()
         };
         let reviewed = bounded("TokenReview", reviews.create(&PostParams::default(), &review)).await?;
         let status = reviewed.status.unwrap_or_default();
-        let Some(user) = status.user.filter(|_| status.authenticated == Some(true)) else {
+        // The API server answers with the audiences the token has among those asked: a token
+        // for any other (the API server's own) is not haptic's to accept.
+        let for_us = !bound || status.audiences.as_ref().is_some_and(|audiences| audiences.contains(&self.audience));
+        let Some(user) = status.user.filter(|_| status.authenticated == Some(true) && for_us) else {
             return Ok(Decision::Unauthenticated);
         };
         let access: Api<SubjectAccessReview> = Api::all(self.client.clone());

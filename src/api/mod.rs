@@ -129,7 +129,9 @@ async fn authorize(
     let Some(token) = token else {
         return error(StatusCode::UNAUTHORIZED, "a Kubernetes bearer token is required".into());
     };
-    match authorizer.review(token).await {
+    // Metrics are read by Prometheus with its own token; everything else needs haptic's audience.
+    let bound = request.uri().path() != "/metrics";
+    match authorizer.review(token, bound).await {
         Ok(auth::Decision::Allowed) => next.run(request).await,
         Ok(auth::Decision::Unauthenticated) => {
             error(StatusCode::UNAUTHORIZED, "the bearer token is not valid for this cluster".into())

@@ -56,8 +56,9 @@ pub struct ControllerOptions {
     pub api_address: Option<std::net::SocketAddr>,
     /// Where `/healthz` and `/readyz` are served, if anywhere.
     pub health_address: Option<std::net::SocketAddr>,
-    /// Whether `/api/v1/*` and `/metrics` ask for a Kubernetes token allowed to read them.
-    pub api_auth: bool,
+    /// Whether `/api/v1/*` and `/metrics` ask for a Kubernetes token allowed to read them, and
+    /// the audience it must be issued for.
+    pub api_auth: Option<String>,
     /// Leader election among replicas; without it, this replica deploys alone.
     pub election: Option<crate::election::ElectionSettings>,
     /// Where the validation tests' requests run (a local HAProxy, or the validator's); without
@@ -226,7 +227,10 @@ pub async fn run(
         let (leading, journal) = (leadership.clone(), journal.clone());
         ingress_status::StatusWriter::start(client.clone(), move || writes_status(*leading.borrow(), &journal))
     };
-    let auth = options.api_auth.then(|| Arc::new(crate::api::auth::KubeAuthorizer::new(client.clone())));
+    let auth = options
+        .api_auth
+        .as_ref()
+        .map(|audience| Arc::new(crate::api::auth::KubeAuthorizer::new(client.clone(), audience)));
     let api = crate::api::ApiState { journal: journal.clone(), auth, ..crate::api::ApiState::default() };
     let _api_task = match options.api_address {
         Some(address) => {
