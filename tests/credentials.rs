@@ -22,20 +22,31 @@ use serde_json::json;
 async fn a_rotated_credentials_secret_is_deployed_with_without_a_restart() -> Result<()> {
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
-    let tag = format!("credentials-{}", std::process::id());
+    let (client, namespace, controller) = controller_in_sync(env, "credentials").await?;
+    let rotated = format!("rotated-{}", std::process::id());
+    let outcome = rotate(env, &client, &namespace, &controller, &rotated).await;
+    restore_passwords(env)?;
+    outcome
+}
+
+/// A namespace of its own with a controller whose pods all run its first render.
+async fn controller_in_sync(env: &Manifest, test: &str) -> Result<(kube::Client, String, ControllerProcess)> {
+    let tag = format!("{test}-{}", std::process::id());
     let template = env::controller::own_template(env, &tag, "");
-    let (client, namespace) = env::controller::deployment_test_namespace(env, "credentials", &template, "60s").await?;
+    let (client, namespace) = env::controller::deployment_test_namespace(env, test, &template, "60s").await?;
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &Launch::default())?;
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
-    let rotated = format!("rotated-{}", std::process::id());
-    let outcome = rotate(env, &client, &namespace, &controller, &rotated).await;
-    // Every sidecar gets the environment's password back, whatever happened.
+    Ok((client, namespace, controller))
+}
+
+/// Every sidecar gets the environment's password back, whatever the test did.
+fn restore_passwords(env: &Manifest) -> Result<()> {
     for pod in &env.pods {
         env.rotate_dataplane_password(pod, &env.dataplane.password)?;
     }
-    outcome
+    Ok(())
 }
 
 async fn rotate(
@@ -97,18 +108,10 @@ fn with_password(pod: &EnvPod, username: &str, password: &str) -> Result<haptic:
 async fn a_secret_rotated_before_the_pods_roll_locks_no_pod_out_while_changes_flow() -> Result<()> {
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
-    let tag = format!("rollover-{}", std::process::id());
-    let template = env::controller::own_template(env, &tag, "");
-    let (client, namespace) = env::controller::deployment_test_namespace(env, "rollover", &template, "60s").await?;
-    let dir = tempfile::tempdir()?;
-    let journal = dir.path().join("journal");
-    let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &Launch::default())?;
-    controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(60)).await?;
+    let (client, namespace, controller) = controller_in_sync(env, "rollover").await?;
     let rotated = format!("rolled-{}", std::process::id());
     let outcome = roll_over(env, &client, &namespace, &controller, &rotated).await;
-    for pod in &env.pods {
-        env.rotate_dataplane_password(pod, &env.dataplane.password)?;
-    }
+    restore_passwords(env)?;
     outcome
 }
 

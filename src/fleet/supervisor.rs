@@ -285,6 +285,14 @@ mod tests {
         FleetPods { targets: targets.to_vec(), present: present.collect() }
     }
 
+    fn settings() -> DriverSettings {
+        DriverSettings {
+            drift_interval: Duration::from_secs(60),
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+        }
+    }
+
     fn state(journal: &Journal, uid: &str) -> Option<State> {
         journal.pod(&PodUid(uid.into())).unwrap().map(|p| p.state)
     }
@@ -301,11 +309,7 @@ mod tests {
             &[],
         ));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-        };
+        let settings = settings();
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
 
         until(&journal, "the healthy pod in sync", |j| state(j, "ok") == Some(State::InSync)).await;
@@ -343,11 +347,7 @@ mod tests {
         let fake = Arc::new(FakeFleet::default());
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0"), pod("b", "haproxy-1")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-        };
+        let settings = settings();
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
         until(&journal, "both in sync", |j| {
             state(j, "a") == Some(State::InSync) && state(j, "b") == Some(State::InSync)
@@ -376,11 +376,7 @@ mod tests {
         fake.slow.lock().unwrap().insert("a".into());
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-        };
+        let settings = settings();
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
         // The push takes 30 s; meanwhile the pod is reached at another endpoint (a new target).
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -409,11 +405,7 @@ mod tests {
         let restarts = crate::telemetry::metrics::metrics().driver_restarts.get();
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-        };
+        let settings = settings();
         let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
         until(&journal, "in sync after the restart", |j| state(j, "a") == Some(State::InSync)).await;
         assert!(crate::telemetry::metrics::metrics().driver_restarts.get() > restarts, "the death is counted");

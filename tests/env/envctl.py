@@ -223,6 +223,30 @@ def schemathesis_binary(install: bool) -> Path:
     return st
 
 
+def haproxy_34_binary(install: bool) -> Path:
+    """HAProxy 3.4 (the current long-term release), built from the upstream archive by the
+    workspace's build-haproxy tool (a few minutes cold; Debian's -dev packages it installs)."""
+    binary = CACHE_DIR / "haproxy-3.4" / "haproxy"
+    if binary.exists():
+        return binary
+    if not install:
+        raise EnvError("missing toolchain: HAProxy 3.4 is not built; run `make env-install`.")
+    shared = shared_dir()
+    builder = shared / "tools" / "build-haproxy" if shared else None
+    if builder is None or not builder.exists():
+        raise EnvError("cannot build HAProxy 3.4: no tools/build-haproxy in the shared directory "
+                       "(HAPTIC_SHARED_DIR, ../shared or /work/shared)")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    log_file = CACHE_DIR / "logs" / "build-haproxy-3.4.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building HAProxy 3.4 (first build can take several minutes; log: {log_file})")
+    with open(log_file, "w") as out:
+        result = subprocess.run([str(builder), str(binary)], stdout=out, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0 or not binary.exists():
+        raise EnvError(f"building HAProxy 3.4 failed (exit {result.returncode}); see {log_file}")
+    return binary
+
+
 def haproxy_26_binary(install: bool) -> Path:
     if DEBIAN_HAPROXY.exists():
         return DEBIAN_HAPROXY
@@ -360,7 +384,7 @@ def install(fetch: bool = True) -> Components:
     helm = CACHE_DIR / "bin" / "helm"
     go_build("Helm v3 (from helm.sh/helm/v3)", ENV_DIR / "helm", "helm.sh/helm/v3/cmd/helm", helm,
              ldflags=f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}")
-    haproxy = {"2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
+    haproxy = {"3.4": haproxy_34_binary(fetch), "2.8": haproxy_28_binary(fetch), "2.6": haproxy_26_binary(fetch)}
     schemathesis_binary(fetch)
     dataplaneapi = build_dataplaneapi()
     return Components(apiserver=apiserver, otelcol=otelcol, helm=helm, haproxy=haproxy, dataplaneapi=dataplaneapi,
@@ -1160,8 +1184,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--backends", type=int, default=6)
             p.add_argument("--net", type=int, default=int(os.environ.get("HAPTIC_ENV_NET", "0")),
                            help="second octet of the loopback addresses (127.NET.0.x pods, 127.NET.1.x backends)")
-            p.add_argument("--haproxy-versions", default="2.8,2.6",
-                           help="HAProxy versions given to pods in turn (2.8 from PyPI, 2.6 from Debian)")
+            p.add_argument("--haproxy-versions", default="3.4,2.8,2.6",
+                           help="HAProxy versions given to pods in turn (3.4 built from the upstream archive, 2.8 from PyPI, 2.6 from Debian)")
             p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
             p.add_argument("--apiserver-port", type=int, default=0,
                            help=f"default {APISERVER_BASE_PORT} + --net, outside the ephemeral port range")
