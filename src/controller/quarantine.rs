@@ -78,7 +78,7 @@ impl Quarantine {
     /// Whether a search for the culprits of `files` would start: none runs, and these files
     /// were not searched already.
     pub(crate) fn would_search(&self, files: &FileSet) -> bool {
-        !self.running.as_ref().is_some_and(|task| !task.is_finished())
+        self.running.as_ref().is_none_or(|task| task.is_finished())
             && self.searched.as_deref() != Some(&fingerprint(files)[..])
     }
 
