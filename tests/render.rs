@@ -331,15 +331,17 @@ fn server_slots_keep_every_endpoints_name_across_renders_and_only_a_successful_r
             "server srv4 127.0.0.1:1 disabled"
         ]
     );
-    // 10.0.1.10 goes, two arrive: 10.0.1.11 stays srv2, the newcomers take the lowest free slots.
+    // 10.0.1.10 goes, two arrive: 10.0.1.11 stays srv2, the newcomers take the slots that were
+    // free before; srv1, freed by this very change, stays free (its server would otherwise move
+    // from one address to another while in traffic).
     let scaled = render_with(&["10.0.1.11", "10.0.1.12", "10.0.1.13"]);
     assert_eq!(
         shop_servers(&scaled),
         [
-            "server srv1 10.0.1.12:8080",
+            "server srv1 127.0.0.1:1 disabled",
             "server srv2 10.0.1.11:8080",
-            "server srv3 10.0.1.13:8080",
-            "server srv4 127.0.0.1:1 disabled"
+            "server srv3 10.0.1.12:8080",
+            "server srv4 10.0.1.13:8080"
         ]
     );
     // The planner sees a runtime-only change: same servers, other addresses and states.
