@@ -65,11 +65,12 @@ async fn a_restarted_controller_keeps_every_endpoints_server_name() -> Result<()
     let within = Duration::from_secs(30);
     controller.wait_for_config("two endpoints", within, |cfg| cfg.contains("server srv2 10.0.0.2:8080")).await?;
 
-    // 10.0.0.1 goes, 10.0.0.3 comes: it takes the freed srv1, 10.0.0.2 stays srv2. A fresh
-    // assignment of the same two would give srv1 to 10.0.0.2.
+    // 10.0.0.1 goes, 10.0.0.3 comes: it takes srv3 (free before; srv1, freed by this change,
+    // stays free), 10.0.0.2 stays srv2. A fresh assignment of the same two would give srv1 to
+    // 10.0.0.2.
     let churn = Patch::Merge(json!({"endpoints": addresses(&["10.0.0.2", "10.0.0.3"])}));
     slices.patch("web-1", &PatchParams::default(), &churn).await?;
-    let churned = |cfg: &str| cfg.contains("server srv1 10.0.0.3:8080") && cfg.contains("server srv2 10.0.0.2:8080");
+    let churned = |cfg: &str| cfg.contains("server srv3 10.0.0.3:8080") && cfg.contains("server srv2 10.0.0.2:8080");
     controller.wait_for_config("the churn", within, churned).await?;
     let dir = controller.kill();
     // Only what the restarted controller renders counts.
