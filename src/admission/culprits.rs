@@ -10,7 +10,6 @@
 //! log2(suspects) checks per culprit. `find` is its IO edge: dry renders of the current stores
 //! checked by the validator.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 
 use super::{Check, Validator};
@@ -124,24 +123,6 @@ pub fn suspects(stores: &Stores) -> Vec<ObjectRef> {
     all.into_iter().map(|(_, _, object)| object).collect()
 }
 
-/// `stores` without `left_out`.
-pub fn without(stores: &Stores, left_out: &[ObjectRef]) -> Stores {
-    let mut by_kind: BTreeMap<&str, Vec<&ObjectRef>> = BTreeMap::new();
-    for object in left_out {
-        by_kind.entry(&object.kind).or_default().push(object);
-    }
-    let mut stores = stores.clone();
-    for store in stores.values_mut() {
-        let Some(objects) = by_kind.get(store.kind()) else { continue };
-        let mut kept = crate::store::ResourceStore::clone(store);
-        for object in objects {
-            kept.delete(&object.key);
-        }
-        *store = std::sync::Arc::new(kept);
-    }
-    stores
-}
-
 /// The culprits of the render of `stores`: each candidate render is a dry one (nothing of it
 /// kept), checked by `validator`.
 pub async fn find(
@@ -154,7 +135,7 @@ pub async fn find(
 ) -> Outcome<ObjectRef> {
     let suspects = suspects(stores);
     search(&suspects, max_culprits, |left_out| async move {
-        let candidate = without(stores, &left_out);
+        let candidate = crate::store::without(stores, &left_out);
         match renderer.render_dry_leaving_out(&candidate, pods, max_culprits) {
             Ok((files, _)) => validator.validate(&files, spec).await,
             // A render without objects that fails is no verdict on them.

@@ -58,8 +58,7 @@ impl Quarantine {
     /// of each; an object changed or deleted since is released.
     pub(crate) fn apply(&mut self, stores: &Stores) -> (Stores, Vec<RenderError>) {
         self.held.retain(|object, held| {
-            let now = stores.values().find(|s| s.kind() == &*object.kind).and_then(|s| s.by_key(&object.key));
-            let same = now.is_some_and(|stored| stored.content == held.content);
+            let same = crate::store::find(stores, object).is_some_and(|stored| stored.content == held.content);
             if !same {
                 info!(%object, "an object HAProxy refused changed: it is rendered again");
             }
@@ -72,7 +71,7 @@ impl Quarantine {
         // In a stable order: the refusals become Events and status, compared render to render.
         let mut errors: Vec<RenderError> = self.held.values().map(|held| held.error.clone()).collect();
         errors.sort_by_key(ToString::to_string);
-        (culprits::without(stores, &objects), errors)
+        (crate::store::without(stores, &objects), errors)
     }
 
     /// Whether a search for the culprits of `files` would start: none runs, and these files
@@ -84,10 +83,12 @@ impl Quarantine {
 
     /// Starts a search for the culprits of `files`, unless `would_search` says otherwise.
     pub(crate) fn search(&mut self, job: SearchJob, files: &FileSet) {
-        if !self.would_search(files) {
+        let fingerprint = fingerprint(files);
+        if self.running.as_ref().is_some_and(|task| !task.is_finished()) || self.searched.as_ref() == Some(&fingerprint)
+        {
             return;
         }
-        self.searched = Some(fingerprint(files));
+        self.searched = Some(fingerprint);
         let results = self.results.clone();
         self.running = Some(tokio::spawn(async move {
             let generation = job.generation;
@@ -176,11 +177,7 @@ impl SearchJob {
         found
             .into_iter()
             .filter_map(|culprit| {
-                let stored = self
-                    .stores
-                    .values()
-                    .find(|s| s.kind() == &*culprit.suspect.kind)
-                    .and_then(|s| s.by_key(&culprit.suspect.key))?;
+                let stored = crate::store::find(&self.stores, &culprit.suspect)?;
                 let error = refusal_error(&culprit.suspect, &stored.value, &culprit.refusal);
                 Some((culprit.suspect, stored.content, error))
             })

@@ -227,9 +227,7 @@ impl Refusal {
     /// the stores hold it (its apiVersion and UID, so the Event lands on that very object).
     pub fn of(stores: &crate::store::Stores, error: &crate::render::RenderError) -> Option<Self> {
         let offender = error.offending_object()?;
-        let stored = stores
-            .values()
-            .find_map(|store| (store.kind() == &*offender.kind).then(|| store.by_key(&offender.key)).flatten())?;
+        let stored = crate::store::find(stores, offender)?;
         let field = |path: &[&str]| {
             let mut value = stored.value.clone();
             for key in path {

@@ -43,7 +43,7 @@ use thiserror::Error;
 
 use crate::config::HAProxyTemplateConfigSpec;
 use crate::files::{FileSet, RenderedFile};
-use crate::store::{ObjectRef, ResourceStore, Stores};
+use crate::store::{ObjectRef, Stores};
 
 /// Name of the main configuration's template.
 pub const HAPROXY_CFG: &str = "haproxy.cfg";
@@ -603,18 +603,10 @@ impl Renderer {
             let Some(object) = error.offending_object().filter(|_| left_out.len() < max_left_out).cloned() else {
                 return Err(error);
             };
-            let mut removed = false;
-            for store in stores.values_mut() {
-                if store.kind() == &*object.kind && store.by_key(&object.key).is_some() {
-                    let mut without = ResourceStore::clone(store);
-                    without.delete(&object.key);
-                    *store = Arc::new(without);
-                    removed = true;
-                }
-            }
-            if !removed {
+            if crate::store::find(&stores, &object).is_none() {
                 return Err(error);
             }
+            stores = crate::store::without(&stores, std::slice::from_ref(&object));
             left_out.push(error);
         }
     }

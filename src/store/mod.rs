@@ -471,6 +471,30 @@ pub fn object_key(object: &Json) -> Option<ObjectKey> {
 /// Every store of one configuration, by alias.
 pub type Stores = BTreeMap<String, Arc<ResourceStore>>;
 
+/// An object as the stores hold it (the first store of its kind that has it).
+pub fn find<'a>(stores: &'a Stores, object: &ObjectRef) -> Option<&'a Arc<StoredObject>> {
+    stores.values().filter(|store| store.kind() == &*object.kind).find_map(|store| store.by_key(&object.key))
+}
+
+/// `stores` without `left_out`, in every store of their kind: what a render that leaves them
+/// out renders from. Only the stores that held one are copied.
+pub fn without(stores: &Stores, left_out: &[ObjectRef]) -> Stores {
+    let mut stores = stores.clone();
+    for store in stores.values_mut() {
+        let gone: Vec<&ObjectRef> =
+            left_out.iter().filter(|o| store.kind() == &*o.kind && store.by_key(&o.key).is_some()).collect();
+        if gone.is_empty() {
+            continue;
+        }
+        let mut kept = ResourceStore::clone(store);
+        for object in gone {
+            kept.delete(&object.key);
+        }
+        *store = Arc::new(kept);
+    }
+    stores
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
