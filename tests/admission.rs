@@ -5,7 +5,6 @@
 
 mod env;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -26,21 +25,6 @@ fn ingress(name: &str, timeout: &str) -> Result<Ingress> {
         "metadata": {"name": name, "annotations": {"test/timeout": timeout}},
         "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}
     }))?)
-}
-
-/// A self-signed certificate for 127.0.0.1 (the API server checks the webhook's address).
-fn certificate(dir: &std::path::Path) -> Result<String> {
-    let made = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"])
-        .args(["-subj", "/CN=haptic-webhook", "-addext", "subjectAltName=IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(dir.join("tls.key"))
-        .arg("-out")
-        .arg(dir.join("tls.crt"))
-        .output()
-        .context("running openssl")?;
-    ensure!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
-    Ok(std::fs::read_to_string(dir.join("tls.crt"))?)
 }
 
 /// The webhook at `address` for Ingresses and configurations of `namespace` only: the API
@@ -117,7 +101,7 @@ async fn the_webhook_refuses_hostile_and_invalid_objects_admits_valid_ones_and_f
         env::controller::ingress_test_namespace(env, "admission", json!({"templates": {"haproxyConfig": TEMPLATE}}))
             .await?;
     let work = tempfile::tempdir()?;
-    let ca = certificate(work.path())?;
+    let ca = env::fixtures::webhook_certificate(work.path())?;
     let haproxy = env::chart::haproxy_binaries()?.into_iter().next().context("no HAProxy")?;
     let launch = Launch {
         args: vec![
@@ -251,7 +235,7 @@ async fn the_webhook_checks_renders_through_the_validators_dataplane_api_and_wri
         )
         .await?;
     let work = tempfile::tempdir()?;
-    let ca = certificate(work.path())?;
+    let ca = env::fixtures::webhook_certificate(work.path())?;
     let certificates = work.path().display().to_string();
     let webhook = ["--render-only", "--webhook-address", "127.0.0.1:0", "--webhook-cert-dir", certificates.as_str()];
     let launch = Launch::validated(env, &webhook);

@@ -722,6 +722,7 @@ impl DataplaneClient {
         let response = self.execute(self.request(Method::GET, &path), Method::GET, &path).await?;
         let status = response.status();
         let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
+        count_answer_bytes(&text);
         match status {
             StatusCode::OK if kind == StorageKind::Maps && text == EMPTY_MAP_AS_STORED => Ok(Some(String::new())),
             StatusCode::OK => Ok(Some(text)),
@@ -876,6 +877,7 @@ impl DataplaneClient {
         method: &Method,
         path: &str,
     ) -> Result<reqwest::Response, DataplaneError> {
+        count_request(method, sent.as_ref().ok());
         match sent {
             Ok(response) => {
                 span.record("http.response.status_code", response.status().as_u16());
@@ -932,6 +934,7 @@ impl DataplaneClient {
         let status = response.status();
         let headers = response.headers().clone();
         let text = response.text().await.map_err(|e| self.unreadable(path, e.to_string()))?;
+        count_answer_bytes(&text);
         if expected.contains(&status) { Ok((headers, text)) } else { Err(self.unexpected(method, path, status, &text)) }
     }
 
@@ -984,6 +987,31 @@ fn segment(text: &str) -> String {
 fn upload_form(name: &str, content: &str) -> reqwest::multipart::Form {
     let part = reqwest::multipart::Part::text(content.to_owned()).file_name(name.to_owned());
     reqwest::multipart::Form::new().part("file_upload", part)
+}
+
+/// Counts one request in the metrics: its method and its answer's class.
+fn count_request(method: &Method, answer: Option<&reqwest::Response>) {
+    use crate::telemetry::metrics::{DataplaneRequestLabels, metrics};
+    let method = match *method {
+        Method::GET => "GET",
+        Method::PUT => "PUT",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        _ => "other",
+    };
+    let answer_class = match answer.map(|response| response.status().as_u16() / 100) {
+        None => "unreachable",
+        Some(2) => "2xx",
+        Some(3) => "3xx",
+        Some(4) => "4xx",
+        Some(_) => "5xx",
+    };
+    metrics().dataplane_requests.get_or_create(&DataplaneRequestLabels { method, answer: answer_class }).inc();
+}
+
+/// Counts the bytes of an answer read in the metrics.
+fn count_answer_bytes(text: &str) {
+    crate::telemetry::metrics::metrics().dataplane_answer_bytes.inc_by(text.len() as u64);
 }
 
 #[cfg(test)]

@@ -78,6 +78,15 @@ pub struct RuntimeActionLabels {
     pub kind: &'static str,
 }
 
+/// One request to a pod's Dataplane API.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DataplaneRequestLabels {
+    /// `GET`, `PUT`, `POST`, `DELETE` or `other`.
+    pub method: &'static str,
+    /// `2xx`, `3xx`, `4xx`, `5xx` or `unreachable` (no answer).
+    pub answer: &'static str,
+}
+
 /// A pod state, for the gauge of pods per state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -115,6 +124,11 @@ pub struct Metrics {
     pub drift_detections: Counter,
     /// Action duration by action (validation durations among them).
     pub action_seconds: Family<ActionLabels, Histogram>,
+    /// Requests to pods' Dataplane APIs, by method and answer: the load the controller puts
+    /// on the fleet (drift checks download each pod's configuration).
+    pub dataplane_requests: Family<DataplaneRequestLabels, Counter>,
+    /// Bytes of the Dataplane APIs' answers read.
+    pub dataplane_answer_bytes: Counter,
     /// Pods per state, set when scraped.
     pub pods: Family<StateLabels, Gauge>,
     /// Journal size on disk, set when scraped.
@@ -149,6 +163,8 @@ impl Metrics {
             runtime_action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             drift_detections: Counter::default(),
             action_seconds: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+            dataplane_requests: Family::default(),
+            dataplane_answer_bytes: Counter::default(),
             pods: Family::default(),
             journal_bytes: Gauge::default(),
             heap_bytes: Family::default(),
@@ -197,6 +213,16 @@ impl Metrics {
             metrics.drift_detections.clone(),
         );
         registry.register("pod_action_duration_seconds", "Time of actions on pods", metrics.action_seconds.clone());
+        registry.register(
+            "dataplane_requests",
+            "Requests to pods' Dataplane APIs by method and answer class",
+            metrics.dataplane_requests.clone(),
+        );
+        registry.register(
+            "dataplane_answer_bytes",
+            "Bytes of Dataplane API answers read",
+            metrics.dataplane_answer_bytes.clone(),
+        );
         registry.register("pods", "Known HAProxy pods by state", metrics.pods.clone());
         registry.register("journal_size_bytes", "Journal size on disk", metrics.journal_bytes.clone());
         registry.register(

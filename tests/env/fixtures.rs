@@ -60,6 +60,23 @@ pub fn self_signed(dir: &Path, subject: &str, key: &[&str]) -> Result<(String, S
     Ok((std::fs::read_to_string(cert_file)?, std::fs::read_to_string(key_file)?))
 }
 
+/// A self-signed certificate for 127.0.0.1 (the API server checks the webhook's address), as
+/// `tls.crt` and `tls.key` in `dir` (the webhook's certificate directory): the certificate's PEM.
+#[allow(dead_code)]
+pub fn webhook_certificate(dir: &std::path::Path) -> Result<String> {
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"])
+        .args(["-subj", "/CN=haptic-webhook", "-addext", "subjectAltName=IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(dir.join("tls.key"))
+        .arg("-out")
+        .arg(dir.join("tls.crt"))
+        .output()
+        .context("running openssl")?;
+    ensure!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
+    Ok(std::fs::read_to_string(dir.join("tls.crt"))?)
+}
+
 /// Waits up to `within` for a Warning Event `Refused` on the object `name` in `namespace`, and
 /// gives its note (which names the refused field).
 pub async fn refused_note(

@@ -170,6 +170,46 @@ pub fn ingress_to(name: &str, host: &str, service: &str) -> Result<k8s_openapi::
     }))?)
 }
 
+/// `count` routed Services for benches, 16 written at a time: Service `app-i` (port 80 to 8080),
+/// its EndpointSlice of three addresses nothing answers on (198.19.0.0/16, the benchmark
+/// range) and an Ingress for `app-i.<domain>` to it.
+#[allow(dead_code)]
+pub async fn bulk_routed(client: &kube::Client, namespace: &str, count: usize, domain: &str) -> Result<()> {
+    use futures::StreamExt;
+    let post = PostParams::default();
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let ingresses: Api<k8s_openapi::api::networking::v1::Ingress> = Api::namespaced(client.clone(), namespace);
+    let routed = |i: usize| {
+        let (post, services, slices, ingresses) = (&post, &services, &slices, &ingresses);
+        async move {
+            let name = format!("app-{i}");
+            let service = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+            }))?;
+            services.create(post, &service).await?;
+            let endpoints: Vec<_> = (3 * i..3 * i + 3)
+                .map(|k| {
+                    json!({"addresses": [format!("198.19.{}.{}", k / 250 % 250, k % 250 + 1)],
+                                 "conditions": {"ready": true}})
+                })
+                .collect();
+            let slice = serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080}],
+                "endpoints": endpoints
+            }))?;
+            slices.create(post, &slice).await?;
+            ingresses.create(post, &ingress_to(&name, &format!("{name}.{domain}"), &name)?).await?;
+            anyhow::Ok(())
+        }
+    };
+    let written: Vec<Result<()>> = futures::stream::iter(0..count).map(routed).buffer_unordered(16).collect().await;
+    written.into_iter().collect()
+}
+
 /// A Service `name` (port 80, named `http`) with one ready endpoint at `address:port`.
 pub async fn service_with_endpoints(
     client: &kube::Client,
