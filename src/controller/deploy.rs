@@ -82,6 +82,9 @@ impl Deployer {
                     drift_interval: spec.dataplane.drift_prevention_interval.get(),
                     term: self.term,
                     min_reload_interval: spec.dataplane.min_deployment_interval.get(),
+                    // No write takes longer than a deployment may: by then any of the last
+                    // term's has landed or never will.
+                    write_settle: spec.dataplane.deployment_timeout.get(),
                 };
                 let (pods_tx, pods_rx) = watch::channel(targets);
                 let (desired_tx, desired_rx) = watch::channel(desired);

@@ -293,7 +293,13 @@ impl DriverCore {
         // Pods that start together (a controller start, a new leader) spread their first drift
         // check over the second half of the interval, each at a point its UID picks.
         let mut jitter = seed(&target.uid.0);
-        let drift_at = now + settings.drift_interval.mul_f64(0.5 + 0.5 * next_fraction(&mut jitter));
+        let fraction = next_fraction(&mut jitter);
+        let mut drift_at = now + settings.drift_interval.mul_f64(0.5 + 0.5 * fraction);
+        // A write of the term before (its fence cut it short, the pod finished it anyway) can
+        // land after the first verification: one more check once none can still land.
+        if !settings.write_settle.is_zero() {
+            drift_at = drift_at.min(now + settings.write_settle.mul_f64(1.0 + 0.2 * fraction));
+        }
         Self {
             target,
             settings,
@@ -776,8 +782,12 @@ mod tests {
                 name: "haproxy-0".into(),
                 endpoint: "http://127.0.0.1:5555/v3".into(),
             };
-            let settings =
-                DriverSettings { drift_interval: DRIFT, term: LeaderTerm::default(), min_reload_interval: PACE };
+            let settings = DriverSettings {
+                drift_interval: DRIFT,
+                term: LeaderTerm::default(),
+                min_reload_interval: PACE,
+                write_settle: Duration::ZERO,
+            };
             let first = render(0, 1, false);
             Self {
                 core: DriverCore::new(target, settings, first.clone(), None, now),
@@ -969,6 +979,7 @@ mod tests {
             drift_interval: Duration::from_secs(60),
             term: LeaderTerm::default(),
             min_reload_interval: PACE,
+            write_settle: Duration::ZERO,
         };
         let mut firsts = Vec::new();
         for pod in 0..20 {
@@ -991,6 +1002,31 @@ mod tests {
         firsts.sort_unstable();
         firsts.dedup();
         assert!(firsts.len() >= 12, "20 pods' first checks fall in {} distinct seconds", firsts.len());
+    }
+
+    /// A write of the last leader's term that its fence cut short, which the pod finished after
+    /// the new driver's first verification, is found once no such write can still land, not a
+    /// whole drift interval later.
+    #[test]
+    fn a_write_of_the_term_before_that_lands_after_the_first_check_is_found_when_writes_have_settled() {
+        let mut world = World::new();
+        let settle = Duration::from_secs(30);
+        world.core.settings.drift_interval = Duration::from_secs(600);
+        let target = world.core.target.clone();
+        let settings = DriverSettings { write_settle: settle, ..world.core.settings.clone() };
+        world.core = DriverCore::new(target, settings, world.latest.clone(), None, world.now);
+        world.wait(Duration::from_secs(2));
+        assert_eq!(world.core.machine().state, State::InSync);
+        let reloads = world.reloads.len();
+        // The last term's push lands now.
+        world.happen(Happening::EditByHand);
+        world.wait(settle.mul_f64(1.2));
+        assert_eq!(&world.runs, &world.latest.checksums, "the late write is undone within the settle time");
+        assert_eq!(world.reloads.len(), reloads + 1);
+        // And the checks go back to the interval.
+        let (next, timer) = world.core.next_timer();
+        assert_eq!(timer, Timer::Drift);
+        assert!(next - world.now >= Duration::from_secs(400), "{:?}", next - world.now);
     }
 
     #[test]

@@ -554,8 +554,12 @@ mod tests {
         seed(&journal);
         let journal = Arc::new(journal);
         let fake = FakePod::new(journal.clone(), runs);
-        let settings =
-            DriverSettings { drift_interval, term: LeaderTerm::default(), min_reload_interval: Duration::from_secs(2) };
+        let settings = DriverSettings {
+            drift_interval,
+            term: LeaderTerm::default(),
+            min_reload_interval: Duration::from_secs(2),
+            write_settle: Duration::ZERO,
+        };
         let driver =
             PodDriver::new(target(), journal.clone(), fake.clone(), ActionSlots::new(2), settings, first.clone());
         let (desired_tx, desired_rx) = watch::channel(first);

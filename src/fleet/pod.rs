@@ -159,4 +159,9 @@ pub struct DriverSettings {
     /// The least time between two reloads of this pod: a render that needs one sooner waits,
     /// and renders meanwhile coalesce into that one reload. Runtime patches are not paced.
     pub min_reload_interval: Duration,
+    /// How long a write begun before this driver started (by another leader, or by this
+    /// controller before a restart) may still land on the pod: a write its fence cut short
+    /// can be finished by the pod after the first verification. The pod is verified once more
+    /// when that has passed (zero: no second check).
+    pub write_settle: Duration,
 }

@@ -290,6 +290,7 @@ mod tests {
             drift_interval: Duration::from_secs(60),
             term: LeaderTerm::default(),
             min_reload_interval: Duration::from_secs(2),
+            write_settle: Duration::ZERO,
         }
     }
 
