@@ -72,6 +72,13 @@ pub struct RunArgs {
     /// Where the read-only HTTP API (pods, render, metrics) listens.
     #[arg(long, env = "HAPTIC_API_ADDRESS", default_value = "0.0.0.0:8080")]
     pub api_address: std::net::SocketAddr,
+    /// The HTTP API's certificate and key (`tls.crt`, `tls.key` in this directory); without
+    /// it, a self-signed certificate is made at start and its fingerprint logged.
+    #[arg(long, env = "HAPTIC_API_TLS_DIR")]
+    pub api_tls_dir: Option<PathBuf>,
+    /// Serve the HTTP API over plain http (local use, or behind a proxy that terminates TLS).
+    #[arg(long, env = "HAPTIC_API_PLAINTEXT", conflicts_with = "api_tls_dir")]
+    pub api_plaintext: bool,
     /// Where `/healthz` and `/readyz` are served, without authentication (probes carry no
     /// token), on a port of their own so that a network policy can open only them.
     #[arg(long, env = "HAPTIC_HEALTH_ADDRESS", default_value = "0.0.0.0:8081")]
@@ -149,13 +156,20 @@ pub struct DiffArgs {
     /// The render a pod runs (a directory `haptic render --out` or `--render-dir` wrote).
     #[arg(long, required_unless_present = "controller", conflicts_with = "controller")]
     pub before: Option<PathBuf>,
-    /// A running controller's API (`http://haptic:8080`) in place of `--before`: the render its
+    /// A running controller's API (`https://haptic:8080`) in place of `--before`: the render its
     /// pods run, and for each pod what the change takes on it (by its own HAProxy version).
     #[arg(long)]
     pub controller: Option<String>,
     /// A bearer token for the controller's API (a user allowed to `get` `fleet.haptic.dev`).
     #[arg(long, env = "HAPTIC_API_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The CA (PEM) that signed the controller's API certificate.
+    #[arg(long, conflicts_with = "controller_insecure")]
+    pub controller_ca: Option<PathBuf>,
+    /// Do not check the controller's API certificate (its default one is self-signed: compare
+    /// the fingerprint it logged at start).
+    #[arg(long)]
+    pub controller_insecure: bool,
     /// The render it would take.
     #[arg(long)]
     pub after: PathBuf,
@@ -321,7 +335,14 @@ pub async fn diff(args: DiffArgs) -> Result<()> {
         print!("{}", describe_change(&before, &after, &args.haproxy_version));
         return Ok(());
     };
-    let client = crate::api::client::ApiClient::new(url, args.token.clone())?;
+    let trust = match (&args.controller_ca, args.controller_insecure) {
+        (Some(file), _) => crate::api::client::ApiTrust::Ca(
+            std::fs::read(file).with_context(|| format!("reading --controller-ca {}", file.display()))?,
+        ),
+        (None, true) => crate::api::client::ApiTrust::Anything,
+        (None, false) => crate::api::client::ApiTrust::SystemRoots,
+    };
+    let client = crate::api::client::ApiClient::new(url, args.token.clone(), trust)?;
     let current = client.render().await.context("reading the controller's render")?;
     // The API shows userlists' password hashes redacted: the new render is compared alike.
     let shown = crate::files::redact_password_hashes(&after.haproxy_cfg.content).into_owned();
@@ -429,6 +450,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         journal_dir: (!args.render_only).then_some(args.journal_dir),
         journal_retention: args.journal_retention,
         api_address: Some(args.api_address),
+        api_tls: match (args.api_plaintext, args.api_tls_dir.clone()) {
+            (true, _) => crate::controller::ApiTls::Plaintext,
+            (false, Some(dir)) => crate::controller::ApiTls::Directory(dir),
+            (false, None) => crate::controller::ApiTls::SelfSigned,
+        },
         health_address: Some(args.health_address),
         api_auth: (args.api_auth == ApiAuth::Kubernetes).then(|| args.api_token_audience.clone()),
         election,

@@ -457,8 +457,9 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
             "haptic".into(),
         ],
         kubeconfig: Some(kubeconfig),
-        // The API as the chart runs it: readers need a token allowed by the reader role.
-        env: vec![("HAPTIC_API_AUTH".into(), "kubernetes".into())],
+        // The API as the chart runs it: over TLS (a certificate made at start), readers need a
+        // token allowed by the reader role.
+        env: vec![("HAPTIC_API_AUTH".into(), "kubernetes".into()), ("HAPTIC_API_PLAINTEXT".into(), "false".into())],
     };
     let journal = dir.path().join("journal");
     let controller = ControllerProcess::launch(env, &namespace, "haptic", dir, &journal, &launch)?;
@@ -512,7 +513,15 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
     // The reader's token for the API server itself: never haptic's to accept (nor to replay).
     let reader_for_apiserver = token_for("reader".into(), vec![]).await?;
     let api = controller.api_url().await?;
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    ensure!(api.starts_with("https://"), "the API speaks TLS by default: {api}");
+    ensure!(
+        log.contains("self-signed certificate") && log.contains("sha256="),
+        "its certificate's fingerprint is logged"
+    );
+    let plain = reqwest::Client::new().get(format!("{}/metrics", api.replacen("https", "http", 1))).send().await;
+    ensure!(plain.is_err(), "plain http is not answered: {plain:?}");
+    // The certificate is self-signed: the fingerprint in the log is what an operator compares.
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).danger_accept_invalid_certs(true).build()?;
     let status_of = |path: &str, token: Option<&str>| {
         let mut request = http.get(format!("{api}{path}"));
         if let Some(token) = token {

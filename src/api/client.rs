@@ -77,7 +77,18 @@ struct NamedChecksum {
     checksum: String,
 }
 
-/// Reads the API at `base` (`http://haptic:8080`) with an optional bearer token.
+/// Which certificates of the controller's API the client takes.
+#[derive(Clone, Debug)]
+pub enum ApiTrust {
+    /// Those the system's roots sign (or plain http).
+    SystemRoots,
+    /// Those this CA (PEM) signs.
+    Ca(Vec<u8>),
+    /// Any: the controller's own self-signed certificate (compare the fingerprint it logged).
+    Anything,
+}
+
+/// Reads the API at `base` (`https://haptic:8080`) with an optional bearer token.
 pub struct ApiClient {
     http: reqwest::Client,
     base: String,
@@ -86,11 +97,18 @@ pub struct ApiClient {
 
 impl ApiClient {
     /// A client of the API at `base`.
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, ApiClientError> {
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .build()
-            .map_err(|e| ApiClientError::Request { url: base.into(), detail: e.to_string() })?;
+    pub fn new(base: &str, token: Option<String>, trust: ApiTrust) -> Result<Self, ApiClientError> {
+        let failed = |detail: String| ApiClientError::Request { url: base.into(), detail };
+        let mut builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+        match trust {
+            ApiTrust::SystemRoots => {}
+            ApiTrust::Ca(pem) => {
+                let ca = reqwest::Certificate::from_pem(&pem).map_err(|e| failed(format!("the CA: {e}")))?;
+                builder = builder.tls_certs_only([ca]);
+            }
+            ApiTrust::Anything => builder = builder.danger_accept_invalid_certs(true),
+        }
+        let http = builder.build().map_err(|e| failed(e.to_string()))?;
         Ok(Self { http, base: base.trim_end_matches('/').to_owned(), token })
     }
 

@@ -20,6 +20,7 @@ use crate::journal::{Journal, JournaledPod, TransitionEntry};
 
 pub mod auth;
 pub mod client;
+pub mod tls;
 pub mod webhook;
 
 /// The render the API shows.
@@ -150,6 +151,11 @@ async fn authorize(
 /// Serves the API on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: ApiState) -> std::io::Result<()> {
     axum::serve(listener, router(state)).await
+}
+
+/// Serves the API over TLS on `listener` until the task is dropped.
+pub async fn serve_tls(listener: tokio::net::TcpListener, config: rustls::ServerConfig, state: ApiState) {
+    tls::serve(listener, config, router(state), "the HTTP API").await
 }
 
 /// Serves health on `listener` until the task is dropped.

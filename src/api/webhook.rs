@@ -14,8 +14,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{info, warn};
@@ -61,13 +59,8 @@ pub struct AdmissionSource {
 #[derive(Debug, Error)]
 pub enum WebhookError {
     /// The certificate or key is unreadable.
-    #[error("the webhook's TLS material in {}: {detail}", dir.display())]
-    Certificate {
-        /// The directory.
-        dir: PathBuf,
-        /// What is wrong.
-        detail: String,
-    },
+    #[error("the webhook's certificate: {0}")]
+    Certificate(#[from] super::tls::ListenerTlsError),
     /// The address cannot be listened on.
     #[error("the admission webhook cannot listen on {address}: {source}")]
     Listen {
@@ -102,31 +95,13 @@ async fn turn(judging: &Arc<Semaphore>, wait: std::time::Duration) -> Option<Own
     tokio::time::timeout(wait, judging.clone().acquire_owned()).await.ok()?.ok()
 }
 
-fn tls_config(dir: &std::path::Path) -> Result<rustls::ServerConfig, WebhookError> {
-    let failed = |detail: String| WebhookError::Certificate { dir: dir.into(), detail };
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("tls.crt"))
-        .map_err(|e| failed(format!("tls.crt: {e}")))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| failed(format!("tls.crt: {e}")))?;
-    if chain.is_empty() {
-        return Err(failed("tls.crt holds no certificate".into()));
-    }
-    let key = PrivateKeyDer::from_pem_file(dir.join("tls.key")).map_err(|e| failed(format!("tls.key: {e}")))?;
-    let mut config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| failed(e.to_string()))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-}
-
 /// Starts the webhook for the configuration `namespace/name`; gives the address it listens on.
 pub async fn serve(
     settings: &WebhookSettings,
     config: (String, String),
     source: watch::Receiver<Option<Arc<AdmissionSource>>>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), WebhookError> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&settings.certificate_dir)?));
+    let tls = super::tls::from_directory(&settings.certificate_dir)?;
     let listener = tokio::net::TcpListener::bind(settings.address)
         .await
         .map_err(|source| WebhookError::Listen { address: settings.address, source })?;
@@ -134,33 +109,7 @@ pub async fn serve(
     let validator = settings.validator.as_ref().map(validator_of);
     let state = WebhookState { source, config, validator, judging: Arc::new(Semaphore::new(JUDGED_AT_ONCE)) };
     let app = Router::new().route("/validate", post(review)).with_state(state);
-    let task = tokio::spawn(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    warn!(%error, "the admission webhook could not accept a connection");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let (acceptor, app) = (acceptor.clone(), app.clone());
-            tokio::spawn(async move {
-                let tls = match acceptor.accept(stream).await {
-                    Ok(tls) => tls,
-                    Err(error) => {
-                        tracing::debug!(%peer, %error, "a TLS handshake with the webhook failed");
-                        return;
-                    }
-                };
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let io = hyper_util::rt::TokioIo::new(tls);
-                if let Err(error) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
-                    tracing::debug!(%peer, %error, "a webhook connection ended badly");
-                }
-            });
-        }
-    });
+    let task = tokio::spawn(super::tls::serve(listener, tls, app, "the admission webhook"));
     Ok((address, task))
 }
 

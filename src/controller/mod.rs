@@ -54,6 +54,8 @@ pub struct ControllerOptions {
     pub journal_retention: u64,
     /// Where the read-only HTTP API listens, if anywhere.
     pub api_address: Option<std::net::SocketAddr>,
+    /// How the HTTP API speaks TLS.
+    pub api_tls: ApiTls,
     /// Where `/healthz` and `/readyz` are served, if anywhere.
     pub health_address: Option<std::net::SocketAddr>,
     /// Whether `/api/v1/*` and `/metrics` ask for a Kubernetes token allowed to read them, and
@@ -83,6 +85,9 @@ pub enum ControllerError {
     /// The admission webhook could not be served.
     #[error(transparent)]
     Webhook(#[from] crate::api::webhook::WebhookError),
+    /// The HTTP API's certificate.
+    #[error("the HTTP API's certificate: {0}")]
+    ApiTls(#[from] crate::api::tls::ListenerTlsError),
     /// The configuration watch ended, which only happens when the client is gone.
     #[error("the watch of HAProxyTemplateConfig {namespace}/{name} ended")]
     ConfigWatchEnded {
@@ -128,6 +133,48 @@ struct Active {
     access: Option<crate::dataplane::Access>,
     /// The watch of the Secrets behind `access` (a rotation is deployed with at once).
     _secrets_watch: Option<AbortOnDrop<()>>,
+}
+
+/// How the HTTP API speaks TLS.
+#[derive(Clone, Debug, Default)]
+pub enum ApiTls {
+    /// With a certificate made at start (its fingerprint logged).
+    #[default]
+    SelfSigned,
+    /// With `tls.crt` and `tls.key` from this directory.
+    Directory(std::path::PathBuf),
+    /// Plain http (`--api-plaintext`).
+    Plaintext,
+}
+
+/// Starts serving the HTTP API on `listener` as `tls` says, and logs where and how.
+fn serve_api(
+    listener: tokio::net::TcpListener,
+    tls: &ApiTls,
+    api: crate::api::ApiState,
+) -> Result<tokio::task::JoinHandle<()>, ControllerError> {
+    let address = listener.local_addr()?;
+    let config = match tls {
+        ApiTls::Plaintext => {
+            info!(%address, scheme = "http", "HTTP API listening");
+            return Ok(tokio::spawn(async move {
+                if let Err(error) = crate::api::serve(listener, api).await {
+                    tracing::error!(%error, "the HTTP API stopped");
+                }
+            }));
+        }
+        ApiTls::Directory(dir) => crate::api::tls::from_directory(dir)?,
+        ApiTls::SelfSigned => {
+            let host = std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_default();
+            let names: Vec<String> =
+                ["haptic".to_owned(), host, address.ip().to_string()].into_iter().filter(|n| !n.is_empty()).collect();
+            let (config, fingerprint) = crate::api::tls::self_signed(&names)?;
+            info!(sha256 = %fingerprint, "the HTTP API's self-signed certificate (--api-tls-dir gives one)");
+            config
+        }
+    };
+    info!(%address, scheme = "https", "HTTP API listening");
+    Ok(tokio::spawn(crate::api::serve_tls(listener, config, api)))
 }
 
 /// Follows one configuration, renders and (as the leader) deploys until `shutdown` completes;
@@ -235,8 +282,7 @@ pub async fn run(
     let _api_task = match options.api_address {
         Some(address) => {
             let listener = crate::api::bind(address, "the HTTP API").await?;
-            info!(address = %listener.local_addr()?, "HTTP API listening");
-            Some(AbortOnDrop(tokio::spawn(crate::api::serve(listener, api.clone()))))
+            Some(AbortOnDrop(serve_api(listener, &options.api_tls, api.clone())?))
         }
         None => None,
     };

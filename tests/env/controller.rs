@@ -256,8 +256,10 @@ impl ControllerProcess {
             .args(&extra.args)
             .env("KUBECONFIG", extra.kubeconfig.as_ref().unwrap_or(&env.kubeconfig))
             .env("RUST_LOG", "info,haptic=debug")
-            // Tests read the API without a token; `tests/api.rs` turns authentication back on.
+            // Tests read the API without a token and over http; `tests/api.rs` turns
+            // authentication and TLS back on.
             .env("HAPTIC_API_AUTH", "none")
+            .env("HAPTIC_API_PLAINTEXT", "true")
             .envs(extra.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
@@ -344,7 +346,9 @@ impl ControllerProcess {
                     .split_whitespace()
                     .next()
                     .unwrap_or_default();
-                return Ok(format!("http://{address}"));
+                let scheme =
+                    if line.contains("scheme=https") || line.contains("scheme=\"https\"") { "https" } else { "http" };
+                return Ok(format!("{scheme}://{address}"));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
