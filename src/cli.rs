@@ -125,6 +125,14 @@ pub struct RunArgs {
     /// with a random password when it does not exist; never change an existing one.
     #[arg(long, env = "HAPTIC_CREATE_DATAPLANE_SECRET")]
     pub create_dataplane_secret: Option<String>,
+    /// Create the Dataplane TLS Secret of this name (in the configuration's namespace: a CA and
+    /// a certificate for `--dataplane-server-name`) when it does not exist; never change one.
+    #[arg(long, env = "HAPTIC_CREATE_DATAPLANE_TLS")]
+    pub create_dataplane_tls: Option<String>,
+    /// The DNS name the certificate `--create-dataplane-tls` makes is for (the configuration's
+    /// `spec.dataplane.tls.serverName` must name it).
+    #[arg(long, env = "HAPTIC_DATAPLANE_SERVER_NAME", default_value = "dataplane.haptic.internal")]
+    pub dataplane_server_name: String,
     /// The user name put in a Secret `--create-dataplane-secret` creates.
     #[arg(long, env = "HAPTIC_DATAPLANE_USERNAME", default_value = "admin")]
     pub dataplane_username: String,
@@ -412,6 +420,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .map_err(|why| anyhow::anyhow!("--create-dataplane-secret: {why}"))?;
         if created {
             tracing::info!(secret = %name, "created the Dataplane credentials Secret with a random password");
+        }
+    }
+    if let Some(name) = &args.create_dataplane_tls {
+        let server_name = &args.dataplane_server_name;
+        let created =
+            crate::controller::credentials::ensure_tls_secret(&client, &args.config_namespace, name, server_name)
+                .await
+                .map_err(|why| anyhow::anyhow!("--create-dataplane-tls: {why}"))?;
+        if created {
+            tracing::info!(secret = %name, %server_name, "created the Dataplane TLS Secret (a CA and the pods' certificate)");
         }
     }
     let identity = args.leader_election_identity.clone().unwrap_or_else(default_identity);

@@ -243,6 +243,25 @@ fn the_chart_lints_and_renders_in_every_shape_and_ships_the_binarys_crd() -> Res
         ensure!(served.contains(line), "no {line:?} in\n{served}");
     }
     ensure!(dataplane_config(&plain)?.contains("tls_ca: \"\"\n"), "plain pods must not skip Basic auth");
+    // TLS to the Dataplane API is on by default, with a Secret the controller makes once.
+    ensure!(dataplane_config(&plain)?.contains("- https"), "the pods serve their Dataplane API over https by default");
+    let plain_config = plain.iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("config")?;
+    ensure!(
+        plain_config["spec"]["dataplane"]["tls"]
+            == json!({"secretRef": {"name": "rel-haptic-dataplane-tls"}, "serverName": "dataplane.haptic.internal"}),
+        "{}",
+        plain_config["spec"]["dataplane"]
+    );
+    let controller_args = plain
+        .iter()
+        .find(|d| d["kind"] == "StatefulSet")
+        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].to_string())
+        .unwrap_or_default();
+    ensure!(
+        controller_args.contains("--create-dataplane-tls=rel-haptic-dataplane-tls")
+            && controller_args.contains("--dataplane-server-name=dataplane.haptic.internal"),
+        "the controller makes the Secret: {controller_args}"
+    );
     let tls_config = tls.iter().find(|d| d["kind"] == "HAProxyTemplateConfig").context("config")?;
     ensure!(
         tls_config["spec"]["dataplane"]["tls"]
@@ -455,6 +474,8 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
             secret.clone(),
             "--dataplane-username".into(),
             "haptic".into(),
+            "--create-dataplane-tls".into(),
+            format!("{fullname}-dataplane-tls"),
         ],
         kubeconfig: Some(kubeconfig),
         // The API as the chart runs it: over TLS (a certificate made at start), readers need a
@@ -493,6 +514,11 @@ async fn the_rendered_chart_is_accepted_and_its_service_account_can_do_exactly_w
     let password = made.data.as_ref().and_then(|d| d.get("dataplane_password")).context("no password")?.0.clone();
     ensure!(password.len() == 32, "a password of {} bytes", password.len());
     ensure!(log.contains("created the Dataplane credentials Secret"), "the creation was not said");
+    let tls = secrets.get(&format!("{fullname}-dataplane-tls")).await.context("the controller made no TLS Secret")?;
+    ensure!(tls.type_.as_deref() == Some("kubernetes.io/tls"), "{:?}", tls.type_);
+    let keys: Vec<&String> = tls.data.as_ref().map(|d| d.keys().collect()).unwrap_or_default();
+    ensure!(keys == ["ca.crt", "tls.crt", "tls.key"], "{keys:?}");
+    ensure!(log.contains("created the Dataplane TLS Secret"), "the creation was not said");
 
     // Its API: open health; pods and metrics only with a token of a user the chart's reader
     // role is bound to (real ServiceAccount tokens, reviewed by the real API server).

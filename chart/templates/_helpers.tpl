@@ -33,6 +33,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.haproxy.dataplane.existingSecret | default (printf "%s-dataplane" (include "haptic.fullname" .)) -}}
 {{- end -}}
 
+{{/* The Dataplane API's TLS Secrets: the given ones, else one the controller makes (a CA and
+     the pods' certificate) and both sides read. */}}
+{{- define "haptic.dataplaneTlsMade" -}}
+{{- $tls := .Values.haproxy.dataplane.tls -}}
+{{- if and $tls.enabled (not $tls.podSecretName) (not $tls.controllerSecretName) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "haptic.dataplaneTlsPodSecret" -}}
+{{- .Values.haproxy.dataplane.tls.podSecretName | default (printf "%s-dataplane-tls" (include "haptic.fullname" .)) -}}
+{{- end -}}
+
+{{- define "haptic.dataplaneTlsControllerSecret" -}}
+{{- .Values.haproxy.dataplane.tls.controllerSecretName | default (printf "%s-dataplane-tls" (include "haptic.fullname" .)) -}}
+{{- end -}}
+
+{{- define "haptic.dataplaneServerName" -}}
+{{- .Values.haproxy.dataplane.tls.serverName | default (ternary "dataplane.haptic.internal" "" (eq (include "haptic.dataplaneTlsMade" .) "true")) -}}
+{{- end -}}
+
 {{- define "haptic.defaultCertificateSecret" -}}
 {{- .Values.tls.defaultCertificateSecret | default (printf "%s-default-cert" (include "haptic.fullname" .)) -}}
 {{- end -}}

@@ -47,6 +47,73 @@ pub async fn ensure_secret(client: &kube::Client, namespace: &str, name: &str, u
     }
 }
 
+/// A CA and a serving certificate it signed for the pods' Dataplane APIs, in PEM.
+pub struct DataplanePki {
+    /// The CA's certificate (`ca.crt`): what the controller checks the pods with.
+    pub ca: String,
+    /// The pods' certificate (`tls.crt`), for `server_name`.
+    pub certificate: String,
+    /// Its key (`tls.key`).
+    pub key: String,
+}
+
+/// Makes a CA and a certificate for `server_name` signed by it (ECDSA P-256, valid ten years:
+/// it is made once and kept; deleting the Secret and restarting makes new ones). The CA's key
+/// is dropped here: nothing else can be signed with it.
+pub fn make_dataplane_pki(server_name: &str) -> Result<DataplanePki, String> {
+    let failed = |e: rcgen::Error| format!("making the Dataplane API's certificates: {e}");
+    let now = time::OffsetDateTime::now_utc();
+    let valid = |params: &mut rcgen::CertificateParams| {
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(3650);
+    };
+    let ca_key = rcgen::KeyPair::generate().map_err(failed)?;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(failed)?;
+    ca.distinguished_name.push(rcgen::DnType::CommonName, "haptic dataplane CA");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+    valid(&mut ca);
+    let ca_certificate = ca.self_signed(&ca_key).map_err(failed)?;
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().map_err(failed)?;
+    let mut leaf = rcgen::CertificateParams::new(vec![server_name.to_owned()]).map_err(failed)?;
+    leaf.distinguished_name.push(rcgen::DnType::CommonName, server_name);
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    valid(&mut leaf);
+    let certificate = leaf.signed_by(&key, &issuer).map_err(failed)?;
+    Ok(DataplanePki { ca: ca_certificate.pem(), certificate: certificate.pem(), key: key.serialize_pem() })
+}
+
+/// Creates the Dataplane TLS Secret `namespace/name` (type `kubernetes.io/tls`: `ca.crt`,
+/// `tls.crt`, `tls.key`, the certificate for `server_name`) when it does not exist; an existing
+/// one is never changed. The pods mount it to serve their Dataplane API (their start waits for
+/// it); the controller checks them with its `ca.crt`. Whether it was created.
+pub async fn ensure_tls_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    server_name: &str,
+) -> Result<bool, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let said = |e: kube::Error| format!("Secret {namespace}/{name}: {e}");
+    if secrets.get_metadata_opt(name).await.map_err(said)?.is_some() {
+        return Ok(false);
+    }
+    let pki = make_dataplane_pki(server_name)?;
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "haptic"}},
+        "type": "kubernetes.io/tls",
+        "stringData": {"ca.crt": pki.ca, "tls.crt": pki.certificate, "tls.key": pki.key}
+    }))
+    .map_err(|e| format!("Secret {namespace}/{name}: {e}"))?;
+    match secrets.create(&kube::api::PostParams::default(), &secret).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(answer)) if answer.code == 409 => Ok(false),
+        Err(error) => Err(said(error)),
+    }
+}
+
 /// 32 letters and digits from the kernel's random source.
 fn random_password() -> std::io::Result<String> {
     use std::io::Read as _;
@@ -129,6 +196,34 @@ mod tests {
         assert_eq!(first.len(), 32);
         assert!(first.chars().all(|c| c.is_ascii_alphanumeric()));
         assert_ne!(first, second);
+    }
+
+    /// The made certificate is served and checked as the controller checks a pod: against the
+    /// CA alone, by the server name, over a real TLS handshake on loopback.
+    #[tokio::test]
+    async fn the_made_certificate_is_trusted_by_its_ca_for_its_server_name_only() {
+        crate::tls::install_crypto_provider();
+        let pki = make_dataplane_pki("dataplane.haptic.internal").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &pki.certificate).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &pki.key).unwrap();
+        let config = crate::api::tls::from_directory(dir.path()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/v3/info", axum::routing::get(|| async { "ok" }));
+        let server = tokio::spawn(crate::api::tls::serve(listener, config, app, "a test"));
+        let ca = reqwest::Certificate::from_pem(pki.ca.as_bytes()).unwrap();
+        let ask = |name: &'static str| {
+            let client =
+                reqwest::Client::builder().tls_certs_only([ca.clone()]).resolve(name, address).build().unwrap();
+            async move { client.get(format!("https://{name}:{}/v3/info", address.port())).send().await }
+        };
+        let answer = ask("dataplane.haptic.internal").await.unwrap();
+        assert_eq!(answer.text().await.unwrap(), "ok");
+        let error = ask("elsewhere.haptic.internal").await.unwrap_err();
+        assert!(format!("{error:?}").contains("NotValidForName"), "{error:?}");
+        server.abort();
+        assert_ne!(make_dataplane_pki("x").unwrap().ca, pki.ca, "a new CA each time");
     }
 
     #[test]

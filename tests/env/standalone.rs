@@ -334,6 +334,9 @@ async fn apply_chart_config(
         ("haproxy.ports.http", "8080".to_owned()),
         ("haproxy.ports.https", "8443".into()),
         ("haproxy.ports.health", "8404".into()),
+        // The environment's pods serve their Dataplane API over http (its TLS pods are
+        // tests/dataplane_tls.rs's), not with the Secret the chart's controller would make.
+        ("haproxy.dataplane.tls.enabled", "false".into()),
         ("config.watchedResources.ingresses.namespaces", only_here.clone()),
         ("config.watchedResources.services.namespaces", only_here.clone()),
         ("config.watchedResources.endpoints.namespaces", only_here.clone()),
