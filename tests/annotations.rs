@@ -201,7 +201,11 @@ fn crypt_sha512(password: &str) -> Result<String> {
 
 async fn secret(client: &kube::Client, namespace: &str, name: &str, kind: &str, data: serde_json::Value) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let object = serde_json::from_value(json!({"metadata": {"name": name}, "type": kind, "stringData": data}))?;
+    // Opaque Secrets are read only when labelled for haptic (the chart's opaquesecrets watch).
+    let labels = if kind == "Opaque" { json!({"haptic.dev/ingress-secret": "true"}) } else { json!({}) };
+    let object = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": labels}, "type": kind, "stringData": data}),
+    )?;
     secrets.create(&PostParams::default(), &object).await?;
     Ok(())
 }
@@ -272,6 +276,12 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
     secret(&client, &namespace, "users-per-key", "Opaque", json!({"bob": hash})).await?;
     secret(&client, &namespace, "backend-ca", "Opaque", json!({"ca.crt": cert})).await?;
     secret(&client, &namespace, "wrong-ca", "Opaque", json!({"ca.crt": other_ca})).await?;
+    // An application's own Opaque Secret, not labelled for haptic: never read, so never served.
+    let unlabelled = json!({"metadata": {"name": "app-passwords"}, "type": "Opaque",
+                            "stringData": {"auth": format!("alice:{hash}\n")}});
+    Api::<Secret>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &serde_json::from_value(unlabelled)?)
+        .await?;
 
     let ok = |b: &str| format!("200 {b}");
     let slow = || get("/slow?seconds=3");
@@ -513,6 +523,17 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
                     &ok("web"),
                 ),
             ],
+        ),
+        case(
+            "auth-unlabelled",
+            "web",
+            annotations(&[(hd("auth-secret"), "app-passwords")]),
+            vec![(
+                "auth-secret naming an Opaque Secret not labelled haptic.dev/ingress-secret: Ingress refused",
+                with_header(get("/"), "authorization", &basic("alice", "s3cret")),
+                Look::Outcome,
+                "404",
+            )],
         ),
         case(
             "auth-hi",

@@ -118,7 +118,8 @@ async fn hostile_secrets(client: &kube::Client, namespace: &str, dir: &std::path
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let garbage = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGUgYXQgYWxs\n-----END CERTIFICATE-----\n";
     let ca: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "garbage-ca"}, "type": "Opaque", "stringData": {"ca.crt": garbage}
+        "metadata": {"name": "garbage-ca", "labels": {"haptic.dev/ingress-secret": "true"}}, "type": "Opaque",
+        "stringData": {"ca.crt": garbage}
     }))?;
     secrets.create(&PostParams::default(), &ca).await?;
     let (certificate, key) = env::fixtures::self_signed(dir, "garbage-chain.hostile.example.com", &["rsa:2048"])?;
