@@ -277,12 +277,22 @@ async fn a_blackholed_leader_writes_nothing_once_its_lease_could_be_taken_over_f
     }
 
     // Someone keeps changing the pod by hand (without a reload), so whoever leads wants to write
-    // it back at every drift check.
+    // it back at every drift check. The edit keeps the file one every HAProxy takes: from 3.x
+    // on, `haproxy -c` refuses a configuration without a listener (exit 2, "will not start"),
+    // so the Dataplane API would refuse the edit and there would be nothing to write back.
     let dataplane = env.dataplane(&pod);
     let meddler = tokio::spawn(async move {
         loop {
-            if let Ok(version) = dataplane.configuration_version().await {
-                let _ = dataplane.push_raw_runtime("# changed by hand\nglobal\n    maxconn 7\n", version, "").await;
+            if let Ok(stored) = dataplane.raw_configuration().await {
+                let body: Vec<&str> = stored
+                    .text
+                    .lines()
+                    // Comments go, haptic's mark of the render it pushed among them: a
+                    // replica with no record of the pod trusts a file that carries it.
+                    .filter(|l| !l.trim_start().starts_with('#'))
+                    .collect();
+                let edited = format!("# changed by hand\n{}\n", body.join("\n"));
+                let _ = dataplane.push_raw_runtime(&edited, stored.version, "").await;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
