@@ -77,15 +77,18 @@ impl Quarantine {
     /// Whether a search for the culprits of `files` would start: none runs, and these files
     /// were not searched already.
     pub(crate) fn would_search(&self, files: &FileSet) -> bool {
-        self.running.as_ref().is_none_or(|task| task.is_finished())
-            && self.searched.as_deref() != Some(&fingerprint(files)[..])
+        self.would_search_for(&fingerprint(files))
+    }
+
+    /// [`Self::would_search`] for files of this fingerprint.
+    fn would_search_for(&self, fingerprint: &[Checksum]) -> bool {
+        self.running.as_ref().is_none_or(|task| task.is_finished()) && self.searched.as_deref() != Some(fingerprint)
     }
 
     /// Starts a search for the culprits of `files`, unless `would_search` says otherwise.
     pub(crate) fn search(&mut self, job: SearchJob, files: &FileSet) {
         let fingerprint = fingerprint(files);
-        if self.running.as_ref().is_some_and(|task| !task.is_finished()) || self.searched.as_ref() == Some(&fingerprint)
-        {
+        if !self.would_search_for(&fingerprint) {
             return;
         }
         self.searched = Some(fingerprint);
