@@ -72,8 +72,7 @@ struct Settings {
 }
 
 fn settings() -> Settings {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let value = env::measure::flag;
     Settings {
         ingresses: value("--ingresses").and_then(|v| v.parse().ok()).unwrap_or(1_000),
         rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(10.0),

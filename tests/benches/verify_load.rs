@@ -34,8 +34,7 @@ struct Settings {
 }
 
 fn settings() -> Settings {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let value = env::measure::flag;
     Settings {
         ingresses: value("--ingresses").and_then(|v| v.parse().ok()).unwrap_or(1_000),
         drift_seconds: value("--drift").and_then(|v| v.parse().ok()).filter(|d| *d > 0).unwrap_or(10),

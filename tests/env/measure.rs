@@ -7,6 +7,13 @@ use anyhow::Result;
 
 use super::Manifest;
 
+/// The value after `--name` on a bench's command line (`cargo bench --bench B -- --name V`).
+#[allow(dead_code)]
+pub fn flag(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
 /// The `p` quantile (0 to 1) of sorted samples, by nearest rank.
 pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
