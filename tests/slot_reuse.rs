@@ -55,19 +55,30 @@ async fn twenty_scale_steps_under_keep_alive_reload_no_pod() -> Result<()> {
     // endpoints, which is what stops a departed endpoint's slot from being deleted.
     let stop = Arc::new(AtomicBool::new(false));
     let (answered, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let mut traffic = Vec::new();
     for pod in &env.pods {
-        let (stop, answered, failed) = (stop.clone(), answered.clone(), failed.clone());
+        let (stop, answered, failed, failures) = (stop.clone(), answered.clone(), failed.clone(), failures.clone());
+        let pod_name = format!("{} (HAProxy {})", pod.name, pod.haproxy_version);
         let url = format!("http://{}/hello", pod.http_address);
         traffic.push(tokio::spawn(async move {
             let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).pool_max_idle_per_host(4).build();
             let Ok(http) = http else { return };
             while !stop.load(Ordering::Relaxed) {
-                let ok = match http.get(&url).header("Host", HOST).send().await {
-                    Ok(response) => response.status().is_success(),
-                    Err(_) => false,
+                let failure = match http.get(&url).header("Host", HOST).send().await {
+                    Ok(response) if response.status().is_success() => None,
+                    Ok(response) => Some(format!("answered {}", response.status())),
+                    Err(error) => Some(format!("{error:?}")),
                 };
-                if ok { &answered } else { &failed }.fetch_add(1, Ordering::Relaxed);
+                if let Some(failure) = failure {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    let at = unix_time();
+                    if let Ok(mut failures) = failures.lock() {
+                        failures.push(format!("{pod_name} at {at}: {failure}"));
+                    }
+                } else {
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }));
@@ -125,7 +136,11 @@ async fn twenty_scale_steps_under_keep_alive_reload_no_pod() -> Result<()> {
     let (answered, failed) = (answered.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     println!("{answered} keep-alive requests answered, {failed} failed, over {} scale steps", STEPS.len());
     ensure!(answered > 100, "too few requests flowed: {answered}");
-    ensure!(failed == 0, "{failed} requests failed while the Service scaled");
+    let failures = failures.lock().map(|f| f.join("\n")).unwrap_or_default();
+    if failed > 0 {
+        let _ = std::fs::copy(controller.log_path(), "/tmp/slot_reuse_controller.log");
+    }
+    ensure!(failed == 0, "{failed} requests failed while the Service scaled:\n{failures}");
     let metrics = reqwest::get(format!("{}/metrics", controller.api_url().await?)).await?.text().await?;
     let actions: Vec<&str> =
         metrics.lines().filter(|l| l.starts_with("haptic_runtime_actions_total{kind=\"server")).collect();
@@ -136,4 +151,10 @@ async fn twenty_scale_steps_under_keep_alive_reload_no_pod() -> Result<()> {
         ensure!(reloads == 0, "{}: {reloads} reloads over the scale steps\n{}", pod.name, controller.log_tail());
     }
     Ok(())
+}
+
+/// Seconds since the Unix epoch, to line a failure up with the pods' logs.
+fn unix_time() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
 }

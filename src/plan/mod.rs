@@ -505,6 +505,13 @@ fn server_difference(
         }]);
     }
     let mut actions = Vec::new();
+    // A server leaving traffic leaves it first: moved while still ready, it would take requests
+    // at its new address (a free slot's placeholder) until the state change, and a request
+    // sent there fails after its retries.
+    let leaves_traffic = !was.disabled && is.disabled;
+    if leaves_traffic {
+        actions.push(RuntimeAction::SetState { backend: backend.clone(), server: server.clone(), ready: false });
+    }
     if moved {
         actions.push(RuntimeAction::SetAddress {
             backend: backend.clone(),
@@ -520,8 +527,8 @@ fn server_difference(
             weight: weight.clone(),
         });
     }
-    if was.disabled != is.disabled {
-        actions.push(RuntimeAction::SetState { backend, server, ready: !is.disabled });
+    if was.disabled && !is.disabled {
+        actions.push(RuntimeAction::SetState { backend, server, ready: true });
     }
     Some(actions)
 }
@@ -608,6 +615,18 @@ server s3 10.0.0.3:8080 weight 10 check disabled\n";
             runtime_actions_header(&actions),
             "SetServerAddr app s1 10.0.0.9 9090;SetServerWeight app s2 50;SetServerState app s3 ready"
         );
+    }
+
+    #[test]
+    fn a_server_freed_leaves_traffic_before_it_moves_and_one_taken_moves_before_it_enters() {
+        // Moved first, a ready server took requests at the free slot's placeholder until its
+        // state changed: a 503 after three refused connections (issue #45, defect 12's test).
+        let freed = BASE.replace("s1 10.0.0.1:8080 weight 10", "s1 127.0.0.1:1 weight 10 disabled");
+        let Plan::Runtime(actions) = plan_text(BASE, &freed) else { panic!("expected a runtime plan") };
+        assert_eq!(runtime_actions_header(&actions), "SetServerState app s1 maint;SetServerAddr app s1 127.0.0.1 1");
+        let taken = BASE.replace("s3 10.0.0.3:8080 weight 10 check disabled", "s3 10.0.0.7:8080 weight 10 check");
+        let Plan::Runtime(actions) = plan_text(BASE, &taken) else { panic!("expected a runtime plan") };
+        assert_eq!(runtime_actions_header(&actions), "SetServerAddr app s3 10.0.0.7 8080;SetServerState app s3 ready");
     }
 
     #[test]

@@ -236,6 +236,20 @@ impl World {
     }
 }
 
+/// Whether every server in traffic in `running` is at an address it has in traffic before or
+/// after the change: between two actions a server never takes requests where no endpoint is (a
+/// free slot's placeholder, say).
+fn serving_only_endpoints(running: &Running, before: &World, after: &World) -> bool {
+    let (before, after) = (before.running(), after.running());
+    let serving_at = |world: &Running, server: &(String, String)| {
+        world.servers.get(server).filter(|state| !state.3).map(|state| (state.0.clone(), state.1.clone()))
+    };
+    running.servers.iter().filter(|(_, state)| !state.3).all(|(server, state)| {
+        let at = Some((state.0.clone(), state.1.clone()));
+        at == serving_at(&before, server) || at == serving_at(&after, server)
+    })
+}
+
 /// Whether going from `a` to `b` needs something the Runtime API cannot do.
 fn needs_reload(a: &World, b: &World) -> bool {
     b.backends.keys().any(|name| !a.backends.contains_key(name))
@@ -278,6 +292,7 @@ proptest! {
                     }
                     removing |= matches!(action, RuntimeAction::DeleteMapEntry { .. });
                     running.apply(action, &desired).map_err(TestCaseError::fail)?;
+                    prop_assert!(serving_only_endpoints(&running, &before, &after), "after {}: a server in traffic at an address no endpoint holds", action);
                 }
                 let wanted = after.running();
                 prop_assert_eq!(&running.maps, &wanted.maps);
