@@ -1184,7 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--backends", type=int, default=6)
             p.add_argument("--net", type=int, default=int(os.environ.get("HAPTIC_ENV_NET", "0")),
                            help="second octet of the loopback addresses (127.NET.0.x pods, 127.NET.1.x backends)")
-            p.add_argument("--haproxy-versions", default="2.8,2.6",
+            p.add_argument("--haproxy-versions", default="3.4,2.8,2.6",
                            help="HAProxy versions given to pods in turn (3.4 built from the upstream archive, 2.8 from PyPI, 2.6 from Debian)")
             p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
             p.add_argument("--apiserver-port", type=int, default=0,
