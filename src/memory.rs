@@ -2,7 +2,7 @@
 //! jemalloc (its `#[global_allocator]` is in `main.rs`), in the glibc build and in the static
 //! musl image alike, so what the benchmarks measure is what the image runs. Under churn at
 //! 10,000 Ingresses it used less memory and CPU than glibc's allocator at its best settings
-//! (one arena, large buffers mapped apart, a trim every 5 s: docs/benchmarks.md), and musl's
+//! (one arena, large buffers mapped apart, a trim every 5 s; issue #17's churn runs), and musl's
 //! own allocator was never measured there.
 //!
 //! The settings below are compiled in; `_RJEM_MALLOC_CONF` in the environment overrides them
@@ -13,7 +13,7 @@
 /// (`tcache:false`: each of the controller's dozen threads — tokio's workers and blocking
 /// pool, sled's — kept freed small objects of its own; under churn at 10,000 Ingresses that
 /// was 13 MiB of the peak; a render, which without one took a third longer, gets one for its
-/// length: [`with_thread_cache`]; docs/benchmarks.md), freed pages handed back by jemalloc's
+/// length: [`with_thread_cache`]; issue #17), freed pages handed back by jemalloc's
 /// own background thread within a second (`dirty_decay_ms`) and at once after that
 /// (`muzzy_decay_ms:0`: no lazily freed stage that still counts as resident).
 pub const JEMALLOC_SETTINGS: &str =

@@ -311,8 +311,14 @@ impl Object for Route {
 /// hosts one label under it) is refused, the Ingress blamed: a certificate is served only for
 /// a host the Ingress routes. `created` orders entries oldest first (see `precedence`).
 pub(crate) fn ingress_tls(ingress: &Value) -> Result<Value, Error> {
-    let metadata = attr(ingress, "metadata");
     let spec = attr(ingress, "spec");
+    let tls = spec.as_ref().and_then(|spec| attr(spec, "tls"));
+    // Most Ingresses have no TLS entry: their rules' hosts need no reading (at 10,000
+    // Ingresses, reading and checking them anyway was a tenth of a full render).
+    if tls.as_ref().is_none_or(|tls| tls.len() == Some(0)) {
+        return Ok(Value::from(Vec::<Value>::new()));
+    }
+    let metadata = attr(ingress, "metadata");
     let mut routed: Vec<String> = Vec::new();
     let rules = spec.as_ref().and_then(|spec| attr(spec, "rules"));
     for rule in rules.iter().flat_map(|r| r.try_iter().ok()).flatten() {
@@ -322,7 +328,6 @@ pub(crate) fn ingress_tls(ingress: &Value) -> Result<Value, Error> {
     }
     let created = created_at(metadata.as_ref());
     let mut entries = Vec::new();
-    let tls = spec.as_ref().and_then(|spec| attr(spec, "tls"));
     for (entry_index, entry) in tls.iter().flat_map(|t| t.try_iter().ok()).flatten().enumerate() {
         let mut hosts = Vec::new();
         let listed = attr(&entry, "hosts");
