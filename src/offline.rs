@@ -135,7 +135,9 @@ fn fill_stores(
         let error = |detail: String| OfflineError::Watched { alias: alias.clone(), detail };
         let labels = LabelSelector::parse(watched.label_selector.as_deref().unwrap_or_default()).map_err(error)?;
         let fields = FieldSelector::parse(watched.field_selector.as_deref().unwrap_or_default()).map_err(error)?;
-        let mut store = ResourceStore::for_watched(watched).map_err(error)?;
+        let mut store =
+            ResourceStore::shaped(&watched.kind, &watched.index_by, &watched.ignore_fields, &watched.fields)
+                .map_err(error)?;
         for (path, object) in objects {
             let same_type = object.get("apiVersion").and_then(Json::as_str) == Some(watched.api_version.as_str())
                 && object.get("kind").and_then(Json::as_str) == Some(watched.kind.as_str());

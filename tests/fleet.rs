@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
-use haptic::fleet::machine::State;
-use haptic::journal::{Journal, PodUid};
+use haptic::journal::Journal;
+use haptic::pod::{PodUid, State};
 use serde_json::json;
 
 #[tokio::test]

@@ -254,7 +254,7 @@ impl From<&TransitionEntry> for TransitionView {
             at,
             from: entry.from.to_string(),
             to: entry.to.to_string(),
-            reason: entry.reason.clone(),
+            reason: entry.reason.map_or("NotRecorded", |kind| kind.name()).to_owned(),
             error: entry.error.clone(),
             term: entry.term.0,
             trace_id: entry.trace_id.map(|id| id.to_string()),
@@ -523,8 +523,7 @@ mod tests {
 
     use super::*;
     use crate::files::RenderedFile;
-    use crate::fleet::machine::State as PodState;
-    use crate::journal::PodUid;
+    use crate::pod::{PodUid, State as PodState};
 
     async fn start(state: ApiState) -> String {
         let listener = bind("127.0.0.1:0".parse().unwrap(), "the HTTP API").await.unwrap();
@@ -591,9 +590,9 @@ mod tests {
                         at: UNIX_EPOCH + Duration::from_secs(1_764_000_000 + seq),
                         from: PodState::Syncing,
                         to: PodState::InSync,
-                        reason: "Pushed".into(),
+                        reason: Some(crate::pod::EventKind::Pushed),
                         error: None,
-                        term: crate::journal::LeaderTerm::default(),
+                        term: crate::pod::LeaderTerm::default(),
                         trace_id: None,
                     },
                 })

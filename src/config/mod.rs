@@ -49,7 +49,7 @@ pub struct HAProxyTemplateConfigSpec {
     /// Serve the Gateway API: templates get the `gateway` model and the controller writes the
     /// Gateway API objects' status. Off when absent.
     #[serde(default, rename = "gatewayAPI", skip_serializing_if = "Option::is_none")]
-    pub gateway_api: Option<crate::gateway::GatewaySettings>,
+    pub gateway_api: Option<GatewaySettings>,
     /// Write `status.loadBalancer` of the Ingresses this configuration serves (the leader
     /// does). Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -432,6 +432,28 @@ pub struct Condition {
     /// When `status` last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+}
+
+/// `spec.gatewayAPI` of the configuration: serve the Gateway API for this controller name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySettings {
+    /// GatewayClasses whose `spec.controllerName` is this are served (and their status written).
+    #[schemars(length(min = 1))]
+    pub controller_name: String,
+    /// Ports a listener may not take, because the rest of the configuration binds them (the
+    /// Ingress frontends, the health port): such a listener is refused with `PortUnavailable`.
+    #[serde(default)]
+    pub reserved_ports: Vec<u16>,
+    /// The port of the configuration's own HTTP frontend (the Ingress routes'): HTTP listeners
+    /// on it are served in that frontend, their routes before the Ingress routes (a request no
+    /// Gateway API route takes goes on to them); other protocols are refused there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_http_port: Option<u16>,
+    /// Addresses written into Gateways' `status.addresses` (the HAProxy Service's, say);
+    /// the HAProxy pods' IPs when empty.
+    #[serde(default)]
+    pub addresses: Vec<String>,
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Checks of a configuration that its OpenAPI schema cannot express. Template compilation is
-//! checked by [`crate::render::Renderer::compile`].
+//! checked by the renderer when it compiles them (`Renderer::compile`).
 
 use std::fmt;
 

@@ -14,8 +14,9 @@ use crate::dataplane::{Access, Credentials, TlsSettings};
 use crate::election::Fence;
 use crate::files::FileSet;
 use crate::fleet::supervisor::FleetPods;
-use crate::fleet::{DataplaneActions, Desired, DriverSettings, PodTarget, supervisor};
-use crate::journal::{Journal, LeaderTerm, PodUid};
+use crate::fleet::{ActionSlots, DataplaneActions, Desired, Pacing, PodTarget, supervisor};
+use crate::journal::Journal;
+use crate::pod::{LeaderTerm, PodUid};
 use crate::telemetry::traces::TraceParent;
 use crate::watch::HaproxyPod;
 
@@ -31,6 +32,7 @@ struct Fleet {
     pods: watch::Sender<FleetPods>,
     desired: watch::Sender<Arc<Desired>>,
     actions: Arc<DataplaneActions>,
+    slots: ActionSlots,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -68,9 +70,14 @@ impl Deployer {
             .collect();
         let present = pods.iter().map(|pod| PodUid(pod.info.uid.clone())).collect();
         let targets = FleetPods { targets, present };
-        let desired = Arc::new(Desired::new(files).traced(trace).requiring(spec.dataplane.minimum_haproxy()));
+        let desired =
+            Arc::new(Desired::new(files).traced(trace).requiring(spec.dataplane.minimum_haproxy()).paced(pacing(spec)));
+        let max_parallel = spec.dataplane.max_parallel as usize;
         match &self.fleet {
             Some(fleet) => {
+                // The configuration's settings take effect with its renders: the timing
+                // travels in the render, the bound on actions in flight is resized here.
+                fleet.slots.resize(max_parallel);
                 fleet.actions.set_access(access.clone());
                 fleet.desired.send_replace(desired);
                 fleet.pods.send_replace(targets);
@@ -78,27 +85,19 @@ impl Deployer {
             None => {
                 let guard = Arc::new(crate::fleet::LeaseGuard::new(self.fence.clone(), self.term));
                 let actions = Arc::new(DataplaneActions::new(access.clone(), self.journal.clone(), guard));
-                let settings = DriverSettings {
-                    drift_interval: spec.dataplane.drift_prevention_interval.get(),
-                    term: self.term,
-                    min_reload_interval: spec.dataplane.min_deployment_interval.get(),
-                    // No write takes longer than a deployment may: by then any of the last
-                    // term's has landed or never will.
-                    write_settle: spec.dataplane.deployment_timeout.get(),
-                };
                 let (pods_tx, pods_rx) = watch::channel(targets);
                 let (desired_tx, desired_rx) = watch::channel(desired);
-                let max_parallel = spec.dataplane.max_parallel as usize;
+                let slots = ActionSlots::new(max_parallel);
                 let task = tokio::spawn(supervisor::run(
                     self.journal.clone(),
                     actions.clone(),
-                    max_parallel,
-                    settings,
+                    slots.clone(),
+                    self.term,
                     pods_rx,
                     desired_rx,
                 ));
                 info!(max_parallel, "fleet started");
-                self.fleet = Some(Fleet { pods: pods_tx, desired: desired_tx, actions, task });
+                self.fleet = Some(Fleet { pods: pods_tx, desired: desired_tx, actions, slots, task });
             }
         }
     }
@@ -119,6 +118,17 @@ impl Deployer {
                 warn!("fleet did not stop within 10s");
             }
         }
+    }
+}
+
+/// The timing a configuration gives its pods' drivers.
+fn pacing(spec: &HAProxyTemplateConfigSpec) -> Pacing {
+    Pacing {
+        drift_interval: spec.dataplane.drift_prevention_interval.get(),
+        min_reload_interval: spec.dataplane.min_deployment_interval.get(),
+        // No write takes longer than a deployment may: by then any of the last term's has
+        // landed or never will.
+        write_settle: spec.dataplane.deployment_timeout.get(),
     }
 }
 

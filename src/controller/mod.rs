@@ -28,7 +28,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::config::validate::problems;
 use crate::config::{HAProxyTemplateConfig, HAProxyTemplateConfigSpec};
 use crate::election::Leadership;
-use crate::journal::LeaderTerm;
+use crate::pod::LeaderTerm;
 use crate::render::Renderer;
 use crate::telemetry::traces::TraceParent;
 use crate::watch::debounce::{self, DebounceSettings};
@@ -593,12 +593,14 @@ fn pod_facts(
         .filter(|pod| pod.deployable)
         .map(|pod| &pod.info)
         .map(|pod| {
-            let record = journal.pod(&crate::journal::PodUid(pod.uid.clone())).ok().flatten();
-            let state = record.as_ref().map_or(crate::fleet::machine::State::Unknown, |r| r.state);
+            let record = journal.pod(&crate::pod::PodUid(pod.uid.clone())).ok().flatten();
+            let state = record.as_ref().map_or(crate::pod::State::Unknown, |r| r.state);
             let error = record.as_ref().and_then(|r| r.last_transition.error.clone());
             let rejected = error.is_some()
-                && state == crate::fleet::machine::State::Validating
-                && record.as_ref().is_some_and(|r| r.last_transition.reason == "ValidationRejected");
+                && state == crate::pod::State::Validating
+                && record
+                    .as_ref()
+                    .is_some_and(|r| r.last_transition.reason == Some(crate::pod::EventKind::ValidationRejected));
             PodFact {
                 name: pod.name.clone(),
                 state,

@@ -9,7 +9,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use tracing::warn;
 
 use crate::config::{Condition, HAProxyTemplateConfig, HAProxyTemplateConfigStatus};
-use crate::fleet::machine::State;
+use crate::pod::State;
 
 /// The `Valid` condition for one generation.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::time::Instant;
 
-use crate::journal::LeaderTerm;
+use crate::pod::LeaderTerm;
 
 /// Why a write may not go out.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

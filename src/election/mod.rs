@@ -22,7 +22,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::journal::LeaderTerm;
+use crate::pod::LeaderTerm;
 pub use fence::{Fence, Fenced};
 
 /// Where this replica stands.

@@ -20,14 +20,13 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::machine::{Action, Event, PodMachine, State, Step, backoff};
-use super::pod::{
-    ActionError, Desired, DriverSettings, Patched, PodTarget, PodVersions, Reading, StoredCopy, Validation,
-};
+use super::machine::{Action, Event, PodMachine, Step, backoff};
+use super::pod::{ActionError, Desired, Pacing, Patched, PodTarget, Reading, Validation};
 use crate::dataplane::ConfigVersion;
 use crate::files::FileSet;
 use crate::journal::{JournaledPod, TransitionEntry};
 use crate::plan::{AddressChanges, Plan, ReloadReason, RuntimeAction};
+use crate::pod::{EventKind, LeaderTerm, PodVersions, State, StoredCopy};
 
 /// The time a step happens at: the monotonic instant for timers, the wall clock for records.
 #[derive(Clone, Copy, Debug)]
@@ -219,7 +218,11 @@ impl Pace {
 #[derive(Clone, Debug)]
 pub struct DriverCore {
     target: PodTarget,
-    settings: DriverSettings,
+    /// The leader term this replica deploys in (0 without leader election); journal records
+    /// of another term are not trusted until the pod confirms them.
+    term: LeaderTerm,
+    /// The timing of the latest render taken (held ones included).
+    pacing: Pacing,
     machine: PodMachine,
     /// The sequence number of the last journaled transition.
     seq: u64,
@@ -270,11 +273,12 @@ pub struct DriverCore {
 }
 
 impl DriverCore {
-    /// A core for `target`, seeded from its journal record if it has one; its first work is a
-    /// verification. A record of another leader term is not trusted for what was pushed.
+    /// A core for `target` in leader `term`, seeded from its journal record if it has one;
+    /// its first work is a verification. A record of another term is not trusted for what was
+    /// pushed. Its timing is the render's.
     pub fn new(
         target: PodTarget,
-        settings: DriverSettings,
+        term: LeaderTerm,
         desired: Arc<Desired>,
         record: Option<JournaledPod>,
         now: Instant,
@@ -285,7 +289,7 @@ impl DriverCore {
         let versions = record.as_ref().map(|record| record.versions.clone()).unwrap_or_default();
         let patch_in_doubt = record.as_ref().is_some_and(|record| record.state == State::RuntimePatching);
         let (pushed, seq) = match record {
-            Some(record) if record.last_transition.term == settings.term => (record.pushed, record.last_transition.seq),
+            Some(record) if record.last_transition.term == term => (record.pushed, record.last_transition.seq),
             Some(record) => (None, record.last_transition.seq),
             None => (None, 0),
         };
@@ -294,15 +298,17 @@ impl DriverCore {
         // check over the second half of the interval, each at a point its UID picks.
         let mut jitter = seed(&target.uid.0);
         let fraction = next_fraction(&mut jitter);
-        let mut drift_at = now + settings.drift_interval.mul_f64(0.5 + 0.5 * fraction);
+        let pacing = desired.pacing;
+        let mut drift_at = now + pacing.drift_interval.mul_f64(0.5 + 0.5 * fraction);
         // A write of the term before (its fence cut it short, the pod finished it anyway) can
         // land after the first verification: one more check once none can still land.
-        if !settings.write_settle.is_zero() {
-            drift_at = drift_at.min(now + settings.write_settle.mul_f64(1.0 + 0.2 * fraction));
+        if !pacing.write_settle.is_zero() {
+            drift_at = drift_at.min(now + pacing.write_settle.mul_f64(1.0 + 0.2 * fraction));
         }
         Self {
             target,
-            settings,
+            term,
+            pacing,
             machine,
             seq,
             desired,
@@ -361,7 +367,10 @@ impl DriverCore {
         let mut out = Output::default();
         let outside = matches!(input, Input::Render(_) | Input::Timer(_));
         let event = match input {
-            Input::Render(desired) => self.take_render(desired, clock.now),
+            Input::Render(desired) => {
+                self.repace(desired.pacing, clock.now);
+                self.take_render(desired, clock.now)
+            }
             Input::Timer(Timer::Pace) => self.pace_due(clock.now),
             Input::Timer(Timer::Retry) => {
                 self.retry_at = None;
@@ -372,7 +381,7 @@ impl DriverCore {
                 // Every later check comes within the interval, a fifth of it at random earlier,
                 // so the pods' checks stay spread however they started.
                 let fraction = 0.8 + 0.2 * next_fraction(&mut self.jitter);
-                self.drift_at = clock.now + self.settings.drift_interval.mul_f64(fraction);
+                self.drift_at = clock.now + self.pacing.drift_interval.mul_f64(fraction);
                 self.cause = Cause::DriftCheck;
                 Some(Event::DriftTick)
             }
@@ -462,6 +471,23 @@ impl DriverCore {
         self.cause = Cause::DesiredChanged;
         self.desired = desired;
         Some(self.desired_changed(planned))
+    }
+
+    /// Takes a new configuration's timing: a shorter drift interval brings the next check
+    /// forward, and whatever waits for the reload pace waits for the new one.
+    fn repace(&mut self, pacing: Pacing, now: Instant) {
+        if pacing == self.pacing {
+            return;
+        }
+        let shorter = pacing.drift_interval < self.pacing.drift_interval;
+        self.pacing = pacing;
+        if shorter {
+            let fraction = 0.8 + 0.2 * next_fraction(&mut self.jitter);
+            self.drift_at = self.drift_at.min(now + pacing.drift_interval.mul_f64(fraction));
+        }
+        if self.pace.until.is_some() {
+            self.pace.until = Some(self.reload_paced_until(now).unwrap_or(now));
+        }
     }
 
     /// The pace let a reload through: a held render goes to the machine (whatever push was held
@@ -581,12 +607,19 @@ impl DriverCore {
                 at: clock.wall,
                 from: step.from,
                 to: step.to,
-                reason: format!("{:?}", event.kind()),
+                reason: Some(event.kind()),
                 error: self.machine.last_error.clone(),
-                term: self.settings.term,
+                term: self.term,
                 trace_id: None,
             },
         };
+        // An action's answer settles the failure a pending retry was for: a retry left from
+        // before it would repeat what was just answered (validate refused files again, push
+        // twice). The answer's own failure schedules a retry anew.
+        let answered = !matches!(event.kind(), EventKind::DesiredChanged | EventKind::RetryDue | EventKind::DriftTick);
+        if answered {
+            self.retry_at = None;
+        }
         for action in &step.actions {
             match action {
                 Action::ScheduleRetry => self.retry_at = Some(clock.now + self.machine.retry_delay()),
@@ -624,7 +657,7 @@ impl DriverCore {
 
     /// Until when a reload must wait, if the last one was less than the pace ago.
     fn reload_paced_until(&self, now: Instant) -> Option<Instant> {
-        let until = self.last_reload? + self.settings.min_reload_interval;
+        let until = self.last_reload? + self.pacing.min_reload_interval;
         (now < until).then_some(until)
     }
 
@@ -692,8 +725,7 @@ mod tests {
 
     use super::*;
     use crate::files::{Checksum, RenderedFile};
-    use crate::fleet::machine::FileChecksums;
-    use crate::journal::{LeaderTerm, PodUid};
+    use crate::pod::{FileChecksums, PodUid};
 
     const PACE: Duration = Duration::from_secs(2);
     const DRIFT: Duration = Duration::from_secs(1);
@@ -711,8 +743,12 @@ mod tests {
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
             certs: BTreeMap::new(),
-        }))
+        })
+        .paced(PACING))
     }
+
+    /// The tests' timing: drift checks every `DRIFT`, reloads paced by `PACE`.
+    const PACING: Pacing = Pacing { drift_interval: DRIFT, min_reload_interval: PACE, write_settle: Duration::ZERO };
 
     fn refused(desired: &Desired) -> bool {
         desired.files.haproxy_cfg.content.contains("refused")
@@ -767,6 +803,8 @@ mod tests {
         journal_fails: bool,
         /// When each reload happened.
         reloads: Vec<Instant>,
+        /// Validations asked of the pod.
+        validations: u32,
         /// The last render handed to the driver.
         latest: Arc<Desired>,
         generation: u32,
@@ -782,15 +820,9 @@ mod tests {
                 name: "haproxy-0".into(),
                 endpoint: "http://127.0.0.1:5555/v3".into(),
             };
-            let settings = DriverSettings {
-                drift_interval: DRIFT,
-                term: LeaderTerm::default(),
-                min_reload_interval: PACE,
-                write_settle: Duration::ZERO,
-            };
             let first = render(0, 1, false);
             Self {
-                core: DriverCore::new(target, settings, first.clone(), None, now),
+                core: DriverCore::new(target, LeaderTerm::default(), first.clone(), None, now),
                 now,
                 wall: SystemTime::UNIX_EPOCH,
                 runs: Vec::new(),
@@ -800,6 +832,7 @@ mod tests {
                 restores: Vec::new(),
                 journal_fails: false,
                 reloads: Vec::new(),
+                validations: 0,
                 latest: first,
                 generation: 0,
                 address: 1,
@@ -842,11 +875,18 @@ mod tests {
                     address_changes: AddressChanges::Followed,
                     versions: PodVersions { haproxy: Some("2.8.25".into()), dataplane_api: None },
                 })),
-                Work::Validate { .. } if failing => Outcome::Validated(Err(unreachable())),
+                Work::Validate { .. } if failing => {
+                    self.validations += 1;
+                    Outcome::Validated(Err(unreachable()))
+                }
                 Work::Validate { desired } if refused(&desired) => {
+                    self.validations += 1;
                     Outcome::Validated(Ok(Validation::Rejected("[ALERT] line 3".into())))
                 }
-                Work::Validate { .. } => Outcome::Validated(Ok(Validation::Passed)),
+                Work::Validate { .. } => {
+                    self.validations += 1;
+                    Outcome::Validated(Ok(Validation::Passed))
+                }
                 Work::Push { .. } if failing => Outcome::Pushed(Err(unreachable())),
                 Work::Push { desired, base } => {
                     if let Some(error) = conflict(base, self.version) {
@@ -927,6 +967,42 @@ mod tests {
         }
     }
 
+    /// Found by the property test below: a validation that failed (the pod unreachable) left
+    /// a retry timer; a drift tick validated meanwhile and HAProxy refused the files; the
+    /// stale retry then validated the refused files again and put their uploads back again,
+    /// a refusal retried on a timer.
+    #[test]
+    fn a_retry_left_from_an_unreachable_moment_does_not_validate_refused_files_again() {
+        use Happening::{EditByHand, Reload, Unreachable, Wait};
+        let ms = Duration::from_millis;
+        let happenings = [
+            Wait(ms(579)),
+            Wait(ms(1089)),
+            EditByHand,
+            Reload { refused: false },
+            Wait(ms(332)),
+            Reload { refused: false },
+            Wait(ms(845)),
+            Reload { refused: false },
+            Wait(ms(1036)),
+            Wait(ms(1290)),
+            Wait(ms(613)),
+            Reload { refused: true },
+            Unreachable(3),
+            Wait(ms(1606)),
+            Unreachable(3),
+        ];
+        let mut world = World::new();
+        for happening in happenings {
+            world.happen(happening);
+        }
+        world.wait(Duration::from_secs(30));
+        assert!(world.core.machine().refused.is_some(), "the pod refused the render");
+        let (validations, restores) = (world.validations, world.restores.len());
+        world.wait(Duration::from_secs(120));
+        assert_eq!((world.validations, world.restores.len()), (validations, restores), "refused files tried again");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig {
             failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
@@ -975,12 +1051,7 @@ mod tests {
     #[test]
     fn pods_that_start_together_spread_their_drift_checks_within_the_interval() {
         let now = Instant::now();
-        let settings = DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: PACE,
-            write_settle: Duration::ZERO,
-        };
+        let pacing = Pacing { drift_interval: Duration::from_secs(60), ..PACING };
         let mut firsts = Vec::new();
         for pod in 0..20 {
             let target = PodTarget {
@@ -989,7 +1060,8 @@ mod tests {
                 name: format!("haproxy-{pod}"),
                 endpoint: String::new(),
             };
-            let mut core = DriverCore::new(target, settings.clone(), render(0, 1, false), None, now);
+            let first = Arc::new(Arc::unwrap_or_clone(render(0, 1, false)).paced(pacing));
+            let mut core = DriverCore::new(target, LeaderTerm::default(), first, None, now);
             let (first, timer) = core.next_timer();
             assert_eq!(timer, Timer::Drift);
             assert!(first - now >= Duration::from_secs(30) && first - now <= Duration::from_secs(60));
@@ -1004,6 +1076,53 @@ mod tests {
         assert!(firsts.len() >= 12, "20 pods' first checks fall in {} distinct seconds", firsts.len());
     }
 
+    /// `desired` with `pacing`.
+    fn paced(desired: &Arc<Desired>, pacing: Pacing) -> Arc<Desired> {
+        Arc::new(Desired::clone(desired).paced(pacing))
+    }
+
+    /// A new configuration's drift interval takes effect with its first render, not when the
+    /// fleet next starts (issue #46: it was read only when the fleet started).
+    #[test]
+    fn a_shorter_drift_interval_in_a_render_brings_the_next_check_forward() {
+        let mut world = World::new();
+        let target = world.core.target.clone();
+        world.latest = paced(&world.latest, Pacing { drift_interval: Duration::from_secs(600), ..PACING });
+        world.core = DriverCore::new(target, LeaderTerm::default(), world.latest.clone(), None, world.now);
+        world.wait(Duration::from_secs(2));
+        assert_eq!(world.core.machine().state, State::InSync);
+        world.happen(Happening::EditByHand);
+        world.wait(Duration::from_secs(5));
+        assert_ne!(&world.runs, &world.latest.checksums, "no check within 5 s of a 600 s interval");
+        // The same files, from a configuration that checks every second.
+        let faster = paced(&world.latest, Pacing { drift_interval: Duration::from_secs(1), ..PACING });
+        world.give(faster);
+        world.wait(Duration::from_secs(2));
+        assert_eq!(&world.runs, &world.latest.checksums, "the edit is undone within the new interval");
+    }
+
+    /// A render held for a long reload pace goes out as soon as a configuration with a shorter
+    /// pace is rendered, and a longer pace holds the next reload longer.
+    #[test]
+    fn a_new_reload_pace_takes_effect_with_the_next_render() {
+        let mut world = World::new();
+        let target = world.core.target.clone();
+        let slow = Pacing { min_reload_interval: Duration::from_secs(300), ..PACING };
+        world.latest = paced(&world.latest, slow);
+        world.core = DriverCore::new(target, LeaderTerm::default(), world.latest.clone(), None, world.now);
+        world.wait(Duration::from_secs(2));
+        world.give(paced(&render(1, 1, false), slow));
+        world.wait(Duration::from_secs(2));
+        let reloads = world.reloads.len();
+        world.give(paced(&render(2, 1, false), slow));
+        world.wait(Duration::from_secs(10));
+        assert_eq!(world.reloads.len(), reloads, "held for the 300 s pace");
+        world.give(paced(&render(2, 1, false), PACING));
+        world.wait(Duration::from_secs(1));
+        assert_eq!(world.reloads.len(), reloads + 1, "the 2 s pace lets it through at once");
+        assert_eq!(&world.runs, &world.latest.checksums);
+    }
+
     /// A write of the last leader's term that its fence cut short, which the pod finished after
     /// the new driver's first verification, is found once no such write can still land, not a
     /// whole drift interval later.
@@ -1011,10 +1130,10 @@ mod tests {
     fn a_write_of_the_term_before_that_lands_after_the_first_check_is_found_when_writes_have_settled() {
         let mut world = World::new();
         let settle = Duration::from_secs(30);
-        world.core.settings.drift_interval = Duration::from_secs(600);
         let target = world.core.target.clone();
-        let settings = DriverSettings { write_settle: settle, ..world.core.settings.clone() };
-        world.core = DriverCore::new(target, settings, world.latest.clone(), None, world.now);
+        let pacing = Pacing { drift_interval: Duration::from_secs(600), write_settle: settle, ..PACING };
+        world.latest = Arc::new(Arc::unwrap_or_clone(world.latest.clone()).paced(pacing));
+        world.core = DriverCore::new(target, LeaderTerm::default(), world.latest.clone(), None, world.now);
         world.wait(Duration::from_secs(2));
         assert_eq!(world.core.machine().state, State::InSync);
         let reloads = world.reloads.len();

@@ -22,14 +22,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::driver::PodActions;
-use super::pod::{ActionError, Desired, Patched, PodTarget, PodVersions, Reading, StoredCopy, Validation};
+use super::pod::{ActionError, Desired, Patched, PodTarget, Reading, Validation};
 use crate::dataplane::{
     Access, ConfigBody, ConfigVersion, DataplaneClient, DataplaneError, Endpoint, PushMode, PushOutcome, ReloadEnd,
     ReloadId, StorageKind, StoredConfig, WriteGuard,
 };
 use crate::files::{CERTIFICATE_MANIFEST, Checksum};
-use crate::journal::{Journal, PodUid, on_blocking_pool};
+use crate::journal::{Journal, on_blocking_pool};
 use crate::plan::{AddressChanges, RuntimeAction, runtime_actions_header};
+use crate::pod::{LeaderTerm, PodUid, PodVersions, StoredCopy};
 
 /// How long a reload may take before the push counts as failed.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -63,12 +64,12 @@ const VALIDATED_KEPT: usize = 16;
 #[derive(Debug)]
 pub struct LeaseGuard {
     fence: Arc<crate::election::Fence>,
-    term: crate::journal::LeaderTerm,
+    term: LeaderTerm,
 }
 
 impl LeaseGuard {
     /// A guard for writes planned in `term`.
-    pub fn new(fence: Arc<crate::election::Fence>, term: crate::journal::LeaderTerm) -> Self {
+    pub fn new(fence: Arc<crate::election::Fence>, term: LeaderTerm) -> Self {
         Self { fence, term }
     }
 }
@@ -852,8 +853,8 @@ mod request_shapes {
     use crate::dataplane::Credentials;
 
     fn unguarded() -> Arc<dyn WriteGuard> {
-        let fence = Arc::new(crate::election::Fence::unbounded(crate::journal::LeaderTerm::default()));
-        Arc::new(LeaseGuard::new(fence, crate::journal::LeaderTerm::default()))
+        let fence = Arc::new(crate::election::Fence::unbounded(LeaderTerm::default()));
+        Arc::new(LeaseGuard::new(fence, LeaderTerm::default()))
     }
     use crate::files::{FileSet, RenderedFile};
 

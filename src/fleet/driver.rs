@@ -20,11 +20,12 @@ use tracing::field::Empty;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::core::{Cause, Clock, DriverCore, Input, Note, Outcome, Transitioned, Work};
-use super::machine::{Action, Event, PodMachine, State};
-use super::pod::{ActionError, Desired, DriverSettings, Patched, PodTarget, Reading, StoredCopy, Validation};
+use super::machine::{Action, Event, PodMachine};
+use super::pod::{ActionError, Desired, Patched, PodTarget, Reading, Validation};
 use crate::dataplane::ConfigVersion;
 use crate::journal::Journal;
 use crate::plan::RuntimeAction;
+use crate::pod::{LeaderTerm, State, StoredCopy};
 use crate::telemetry::traces::trace_id_of;
 
 /// What actions do to a pod.
@@ -72,21 +73,99 @@ pub trait PodActions: Send + Sync + 'static {
     fn forget_pod(&self, _pod: &PodTarget) {}
 }
 
-/// The fleet's bounds on actions in flight at once, shared by every driver.
+/// The fleet's bounds on actions in flight at once, shared by every driver (`maxParallel`
+/// of each kind), resized when a new configuration says so.
 #[derive(Clone, Debug)]
 pub struct ActionSlots {
-    /// Validations, pushes and runtime patches (`maxParallel`).
-    pub deploy: Arc<Semaphore>,
+    /// Validations, pushes and runtime patches.
+    pub deploy: Slots,
     /// Verifications: each downloads the pod's configuration, so drift checks and a new
     /// leader's first reads of every pod are bounded too.
-    pub verify: Arc<Semaphore>,
+    pub verify: Slots,
 }
 
 impl ActionSlots {
-    /// `parallel` of each kind.
+    /// `parallel` of each kind (at least one).
     pub fn new(parallel: usize) -> Self {
-        let parallel = parallel.max(1);
-        Self { deploy: Arc::new(Semaphore::new(parallel)), verify: Arc::new(Semaphore::new(parallel)) }
+        Self { deploy: Slots::new(parallel), verify: Slots::new(parallel) }
+    }
+
+    /// Keeps `parallel` of each kind from now on.
+    pub fn resize(&self, parallel: usize) {
+        self.deploy.resize(parallel);
+        self.verify.resize(parallel);
+    }
+}
+
+/// A resizable bound on actions of one kind in flight.
+#[derive(Clone, Debug)]
+pub struct Slots {
+    semaphore: Arc<Semaphore>,
+    bound: Arc<std::sync::Mutex<SlotBound>>,
+}
+
+#[derive(Debug)]
+struct SlotBound {
+    size: usize,
+    /// Slots in use that a smaller bound took away: each is forgotten when it is handed back.
+    owed: usize,
+}
+
+/// One action's slot, handed back when dropped.
+pub struct Slot {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    bound: Arc<std::sync::Mutex<SlotBound>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut bound = self.bound.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(permit) = self.permit.take()
+            && bound.owed > 0
+        {
+            bound.owed -= 1;
+            permit.forget();
+        }
+    }
+}
+
+impl Slots {
+    /// `parallel` at once (at least one).
+    pub fn new(parallel: usize) -> Self {
+        let size = parallel.max(1);
+        Self {
+            semaphore: Arc::new(Semaphore::new(size)),
+            bound: Arc::new(std::sync::Mutex::new(SlotBound { size, owed: 0 })),
+        }
+    }
+
+    /// Waits for a slot.
+    pub async fn acquire(&self) -> Option<Slot> {
+        let permit = self.semaphore.clone().acquire_owned().await.ok()?;
+        Some(Slot { permit: Some(permit), bound: self.bound.clone() })
+    }
+
+    /// Keeps `parallel` (at least one) from now on: more at once; fewer as actions in flight
+    /// end.
+    pub fn resize(&self, parallel: usize) {
+        let size = parallel.max(1);
+        let mut bound = self.bound.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if size > bound.size {
+            let more = size - bound.size;
+            let forgiven = more.min(bound.owed);
+            bound.owed -= forgiven;
+            self.semaphore.add_permits(more - forgiven);
+        } else {
+            let fewer = bound.size - size;
+            let free = self.semaphore.forget_permits(fewer);
+            bound.owed += fewer - free;
+        }
+        bound.size = size;
+    }
+
+    /// Slots free now.
+    pub fn available(&self) -> usize {
+        self.semaphore.available_permits()
     }
 }
 
@@ -112,7 +191,7 @@ impl<A: PodActions> PodDriver<A> {
         journal: Arc<Journal>,
         actions: Arc<A>,
         slots: ActionSlots,
-        settings: DriverSettings,
+        term: LeaderTerm,
         desired: Arc<Desired>,
     ) -> Self {
         let record = journal.pod(&target.uid).unwrap_or_else(|error| {
@@ -120,12 +199,12 @@ impl<A: PodActions> PodDriver<A> {
             None
         });
         if let Some(record) = &record
-            && record.last_transition.term != settings.term
+            && record.last_transition.term != term
         {
             info!(pod = %target.name, uid = %target.uid, record_term = %record.last_transition.term,
-                  term = %settings.term, "journal record from another leader term: verifying the pod before trusting it");
+                  %term, "journal record from another leader term: verifying the pod before trusting it");
         }
-        let core = DriverCore::new(target.clone(), settings, desired, record, Instant::now());
+        let core = DriverCore::new(target.clone(), term, desired, record, Instant::now());
         Self { target, core, journal, actions, slots, span: tracing::Span::none() }
     }
 
@@ -260,7 +339,7 @@ impl<A: PodActions> PodDriver<A> {
             Action::RestoreFiles | Action::ScheduleRetry => None,
         };
         let _slot = match slots {
-            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            Some(slots) => slots.acquire().await,
             None => None,
         };
         let timer = ActionTimer::start(work.action());
@@ -393,10 +472,10 @@ mod tests {
     use super::*;
     use crate::config::HaproxyVersion;
     use crate::files::{Checksum, FileSet, RenderedFile};
-    use crate::fleet::machine::FileChecksums;
-    use crate::fleet::pod::PodVersions;
-    use crate::journal::{JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+    use crate::fleet::pod::Pacing;
+    use crate::journal::{JournaledPod, TransitionEntry};
     use crate::plan::AddressChanges;
+    use crate::pod::{EventKind, FileChecksums, PodUid, PodVersions};
 
     /// A scripted pod: runs whatever was last pushed, records every call and the journal's
     /// state for the pod at the moment of each push.
@@ -521,6 +600,12 @@ mod tests {
         }))
     }
 
+    /// `desired`, its pod checked for drift every `interval`.
+    fn drifting_every(interval: Duration, desired: Arc<Desired>) -> Arc<Desired> {
+        let pacing = Pacing { drift_interval: interval, ..desired.pacing };
+        Arc::new(Arc::unwrap_or_clone(desired).paced(pacing))
+    }
+
     fn target() -> PodTarget {
         PodTarget {
             uid: PodUid("uid-1".into()),
@@ -554,14 +639,15 @@ mod tests {
         seed(&journal);
         let journal = Arc::new(journal);
         let fake = FakePod::new(journal.clone(), runs);
-        let settings = DriverSettings {
-            drift_interval,
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-            write_settle: Duration::ZERO,
-        };
-        let driver =
-            PodDriver::new(target(), journal.clone(), fake.clone(), ActionSlots::new(2), settings, first.clone());
+        let first = drifting_every(drift_interval, first);
+        let driver = PodDriver::new(
+            target(),
+            journal.clone(),
+            fake.clone(),
+            ActionSlots::new(2),
+            LeaderTerm::default(),
+            first.clone(),
+        );
         let (desired_tx, desired_rx) = watch::channel(first);
         let (stop_tx, stop_rx) = watch::channel(false);
         let task = tokio::spawn(driver.run(desired_rx, stop_rx));
@@ -637,7 +723,7 @@ mod tests {
                             at: SystemTime::now(),
                             from: State::Syncing,
                             to: State::InSync,
-                            reason: "Pushed".into(),
+                            reason: Some(EventKind::Pushed),
                             error: None,
                             term: LeaderTerm::default(),
                             trace_id: None,
@@ -802,7 +888,7 @@ mod tests {
         h.until("in sync", |p| p.state == State::InSync).await;
         h.fake.failing_reloads.store(true, Ordering::SeqCst);
         h.desired_tx.send(desired("b")).unwrap();
-        h.until("reload failed", |p| p.last_transition.reason == "ReloadFailed").await;
+        h.until("reload failed", |p| p.last_transition.reason == Some(EventKind::ReloadFailed)).await;
         let pod = h.journal.pod(&target().uid).unwrap().unwrap();
         assert_eq!(pod.last_transition.error.as_deref(), Some("cannot bind socket"));
         assert_eq!(pod.pushed, Some(desired("a").checksums.clone()), "the pod keeps its last good files");
@@ -810,7 +896,11 @@ mod tests {
         let pushes = h.fake.calls().iter().filter(|c| *c == "push").count();
         assert_eq!(pushes, 2, "ten drift intervals later, no second try: {:?}", h.fake.calls());
         let pod = h.journal.pod(&target().uid).unwrap().unwrap();
-        assert_eq!(pod.last_transition.reason, "ReloadFailed", "idle drift ticks do not bury the reason");
+        assert_eq!(
+            pod.last_transition.reason,
+            Some(EventKind::ReloadFailed),
+            "idle drift ticks do not bury the reason"
+        );
         h.fake.failing_reloads.store(false, Ordering::SeqCst);
         h.desired_tx.send(desired("c")).unwrap();
         h.until("new files deployed", |p| p.state == State::InSync && p.pushed == Some(desired("c").checksums.clone()))
@@ -833,6 +923,33 @@ mod tests {
         h.stop().await;
     }
 
+    /// `maxParallel` changed by a new configuration takes effect at once when it grows, and
+    /// as actions in flight end when it shrinks (issue #46: it was read only when the fleet
+    /// started).
+    #[tokio::test]
+    async fn action_slots_follow_a_new_bound() {
+        let slots = Slots::new(2);
+        let (a, b) = (slots.acquire().await.unwrap(), slots.acquire().await.unwrap());
+        assert_eq!(slots.available(), 0);
+        slots.resize(4);
+        assert_eq!(slots.available(), 2, "more at once");
+        let (c, d) = (slots.acquire().await.unwrap(), slots.acquire().await.unwrap());
+        slots.resize(1);
+        assert_eq!(slots.available(), 0);
+        drop((a, b, c));
+        assert_eq!(slots.available(), 0, "three handed back, all three taken away");
+        drop(d);
+        assert_eq!(slots.available(), 1, "the new bound");
+        // Shrunk while all are busy, grown back before any ends: nothing is lost.
+        let e = slots.acquire().await.unwrap();
+        slots.resize(0);
+        assert_eq!(slots.available(), 0, "at least one");
+        slots.resize(3);
+        assert_eq!(slots.available(), 2);
+        drop(e);
+        assert_eq!(slots.available(), 3);
+    }
+
     /// A render waiting for the reload pace must not be what a drift repair pushes: the machine
     /// would not know it, call the push's result "not desired" and validate and push again,
     /// back to back, for ever.
@@ -842,7 +959,7 @@ mod tests {
         h.until("in sync", |p| p.state == State::InSync).await;
         for round in 0..20 {
             // Renders every 300 ms, and the pod edited by hand now and then.
-            h.desired_tx.send(desired(&format!("render {round}"))).unwrap();
+            h.desired_tx.send(drifting_every(Duration::from_secs(1), desired(&format!("render {round}")))).unwrap();
             if round % 5 == 0 {
                 *h.fake.runs.lock().unwrap() = Some(desired("edited by hand").checksums.clone());
             }

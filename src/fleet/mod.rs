@@ -15,5 +15,5 @@ pub mod pod;
 pub mod supervisor;
 
 pub use dataplane_actions::{DataplaneActions, LeaseGuard};
-pub use driver::{PodActions, PodDriver};
-pub use pod::{Desired, DriverSettings, PodTarget, Validation, deployed_checksums};
+pub use driver::{ActionSlots, PodActions, PodDriver};
+pub use pod::{Desired, Pacing, PodTarget, Validation, deployed_checksums};

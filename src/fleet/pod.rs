@@ -6,12 +6,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::machine::FileChecksums;
 use crate::config::HaproxyVersion;
 use crate::dataplane::ConfigVersion;
-use crate::files::{Checksum, FileSet};
-use crate::journal::{LeaderTerm, PodUid};
+use crate::files::FileSet;
 use crate::plan::AddressChanges;
+use crate::pod::{FileChecksums, PodUid, PodVersions, StoredCopy};
 use crate::telemetry::traces::TraceParent;
 
 /// The pod a driver works on.
@@ -38,6 +37,8 @@ pub struct Desired {
     pub trace: Option<TraceParent>,
     /// The oldest HAProxy the configuration supports: older pods are given nothing.
     pub minimum_haproxy: Option<HaproxyVersion>,
+    /// The timing of the configuration that rendered them.
+    pub pacing: Pacing,
 }
 
 /// The checksums a pod running `files` shows a verification, as the machine compares them.
@@ -51,12 +52,17 @@ impl Desired {
     /// Wraps a render.
     pub fn new(files: FileSet) -> Self {
         let checksums = deployed_checksums(&files);
-        Self { files: Arc::new(files), checksums, trace: None, minimum_haproxy: None }
+        Self { files: Arc::new(files), checksums, trace: None, minimum_haproxy: None, pacing: Pacing::default() }
     }
 
     /// The same render, for pods whose HAProxy is at least `minimum`.
     pub fn requiring(self, minimum: Option<HaproxyVersion>) -> Self {
         Self { minimum_haproxy: minimum, ..self }
+    }
+
+    /// The same render, timed by `pacing`.
+    pub fn paced(self, pacing: Pacing) -> Self {
+        Self { pacing, ..self }
     }
 
     /// The same render, traced under `trace`.
@@ -79,19 +85,6 @@ pub enum Validation {
     Rejected(String),
 }
 
-/// A configuration haptic pushed, as the pod stores it. The Dataplane API does not keep the
-/// text it is sent but its own parser's layout of it, so a push is recognised on the pod by
-/// the checksum of that layout, learnt from the push's answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoredCopy {
-    /// The checksum of the rendered `haproxy.cfg` that was pushed.
-    pub render: Checksum,
-    /// The checksum of the file as the pod stores it, without its version lines.
-    pub stored: Checksum,
-    /// The configuration version the push left: the base of the next write.
-    pub version: ConfigVersion,
-}
-
 /// What a verification read on a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reading {
@@ -107,15 +100,6 @@ pub struct Reading {
     pub address_changes: AddressChanges,
     /// The versions the pod reports.
     pub versions: PodVersions,
-}
-
-/// The versions a pod reports, as read (`None`: it did not say, or could not be asked).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PodVersions {
-    /// HAProxy's, from its runtime (`2.8.25-5cf5d0683`).
-    pub haproxy: Option<String>,
-    /// The Dataplane API's (`v3.2.7 3f1e3ef3`).
-    pub dataplane_api: Option<String>,
 }
 
 /// What a runtime patch came to.
@@ -148,20 +132,30 @@ impl fmt::Display for ActionError {
     }
 }
 
-/// Driver settings.
-#[derive(Clone, Debug)]
-pub struct DriverSettings {
+/// The configuration's timing of a pod's work. It travels with every render (`Desired`), so a
+/// new configuration's timing takes effect with its first render, not at the next leader term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pacing {
     /// How often an InSync pod is checked for drift.
     pub drift_interval: Duration,
-    /// The leader term this replica deploys in (0 without leader election); journal records
-    /// of another term are not trusted until the pod confirms them.
-    pub term: LeaderTerm,
     /// The least time between two reloads of this pod: a render that needs one sooner waits,
     /// and renders meanwhile coalesce into that one reload. Runtime patches are not paced.
     pub min_reload_interval: Duration,
     /// How long a write begun before this driver started (by another leader, or by this
     /// controller before a restart) may still land on the pod: a write its fence cut short
     /// can be finished by the pod after the first verification. The pod is verified once more
-    /// when that has passed (zero: no second check).
+    /// when that has passed (zero: no second check). Read when a driver starts.
     pub write_settle: Duration,
+}
+
+impl Default for Pacing {
+    /// The configuration's defaults (`driftPreventionInterval` 60 s, `minDeploymentInterval`
+    /// 2 s), without the second check.
+    fn default() -> Self {
+        Self {
+            drift_interval: Duration::from_secs(60),
+            min_reload_interval: Duration::from_secs(2),
+            write_settle: Duration::ZERO,
+        }
+    }
 }

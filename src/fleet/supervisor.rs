@@ -15,8 +15,9 @@ use tokio::task::{AbortHandle, Id, JoinSet};
 use tracing::{error, info, warn};
 
 use super::driver::{ActionSlots, PodActions, PodDriver};
-use super::pod::{Desired, DriverSettings, PodTarget};
-use crate::journal::{Journal, PodUid};
+use super::pod::{Desired, PodTarget};
+use crate::journal::Journal;
+use crate::pod::{LeaderTerm, PodUid};
 
 /// The pods the fleet knows of.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -54,17 +55,23 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 pub async fn run<A: PodActions>(
     journal: Arc<Journal>,
     actions: Arc<A>,
-    max_parallel: usize,
-    settings: DriverSettings,
+    slots: ActionSlots,
+    term: LeaderTerm,
     mut pods: watch::Receiver<FleetPods>,
     desired: watch::Receiver<Arc<Desired>>,
 ) {
-    let slots = ActionSlots::new(max_parallel);
+    // Every reason is shown from the fleet's start, 0 until it happens: a reader (a dashboard,
+    // a test) tells "no reload" from "no such metric".
+    for reason in crate::plan::ReloadReason::ALL {
+        let _ = crate::telemetry::metrics::metrics()
+            .reloads
+            .get_or_create(&crate::telemetry::metrics::ReloadLabels { reason: reason.as_str() });
+    }
     let mut drivers: JoinSet<()> = JoinSet::new();
     let mut running: BTreeMap<PodUid, Running> = BTreeMap::new();
     let mut tasks: HashMap<Id, PodUid> = HashMap::new();
     let start = |target: PodTarget, drivers: &mut JoinSet<()>, deaths: u32| {
-        let (journal, actions, slots, settings) = (journal.clone(), actions.clone(), slots.clone(), settings.clone());
+        let (journal, actions, slots) = (journal.clone(), actions.clone(), slots.clone());
         let (desired, pod) = (desired.clone(), target.clone());
         let delay = if deaths == 0 { Duration::ZERO } else { restart_delay(deaths) };
         let (stop, stop_rx) = watch::channel(false);
@@ -72,7 +79,7 @@ pub async fn run<A: PodActions>(
         let task = drivers.spawn(async move {
             tokio::time::sleep(delay).await;
             let first = desired.borrow().clone();
-            PodDriver::new(pod, journal, actions, slots, settings, first).run(desired, stop_rx).await;
+            PodDriver::new(pod, journal, actions, slots, term, first).run(desired, stop_rx).await;
         });
         Running { stop, task, target, started: tokio::time::Instant::now() + delay, deaths }
     };
@@ -177,9 +184,8 @@ mod tests {
     use super::*;
     use crate::dataplane::ConfigVersion;
     use crate::files::{FileSet, RenderedFile};
-    use crate::fleet::machine::{FileChecksums, State};
-    use crate::fleet::pod::{ActionError, Patched, Reading, StoredCopy, Validation};
-    use crate::journal::LeaderTerm;
+    use crate::fleet::pod::{ActionError, Patched, Reading, Validation};
+    use crate::pod::{FileChecksums, State, StoredCopy};
 
     /// Scripted pods by UID: each runs what was last pushed to it; some fail, some are slow.
     #[derive(Default)]
@@ -285,13 +291,14 @@ mod tests {
         FleetPods { targets: targets.to_vec(), present: present.collect() }
     }
 
-    fn settings() -> DriverSettings {
-        DriverSettings {
-            drift_interval: Duration::from_secs(60),
-            term: LeaderTerm::default(),
-            min_reload_interval: Duration::from_secs(2),
-            write_settle: Duration::ZERO,
-        }
+    /// The fleet on `fake` pods, two actions of each kind at once.
+    fn spawn_fleet(
+        journal: &Arc<Journal>,
+        fake: &Arc<FakeFleet>,
+        pods: watch::Receiver<FleetPods>,
+        desired: watch::Receiver<Arc<Desired>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(run(journal.clone(), fake.clone(), ActionSlots::new(2), LeaderTerm::default(), pods, desired))
     }
 
     fn state(journal: &Journal, uid: &str) -> Option<State> {
@@ -310,8 +317,7 @@ mod tests {
             &[],
         ));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = settings();
-        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        let fleet = spawn_fleet(&journal, &fake, pods_rx, desired_rx);
 
         until(&journal, "the healthy pod in sync", |j| state(j, "ok") == Some(State::InSync)).await;
         assert_ne!(state(&journal, "slow"), Some(State::InSync), "the slow pod is still pushing");
@@ -348,8 +354,7 @@ mod tests {
         let fake = Arc::new(FakeFleet::default());
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0"), pod("b", "haproxy-1")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = settings();
-        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        let fleet = spawn_fleet(&journal, &fake, pods_rx, desired_rx);
         until(&journal, "both in sync", |j| {
             state(j, "a") == Some(State::InSync) && state(j, "b") == Some(State::InSync)
         })
@@ -377,8 +382,7 @@ mod tests {
         fake.slow.lock().unwrap().insert("a".into());
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = settings();
-        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        let fleet = spawn_fleet(&journal, &fake, pods_rx, desired_rx);
         // The push takes 30 s; meanwhile the pod is reached at another endpoint (a new target).
         tokio::time::sleep(Duration::from_secs(5)).await;
         let mut moved = pod("a", "haproxy-0");
@@ -406,8 +410,7 @@ mod tests {
         let restarts = crate::telemetry::metrics::metrics().driver_restarts.get();
         let (pods_tx, pods_rx) = watch::channel(fleet_of(&[pod("a", "haproxy-0")], &[]));
         let (_desired_tx, desired_rx) = watch::channel(desired("a"));
-        let settings = settings();
-        let fleet = tokio::spawn(run(journal.clone(), fake.clone(), 2, settings, pods_rx, desired_rx));
+        let fleet = spawn_fleet(&journal, &fake, pods_rx, desired_rx);
         until(&journal, "in sync after the restart", |j| state(j, "a") == Some(State::InSync)).await;
         assert!(crate::telemetry::metrics::metrics().driver_restarts.get() > restarts, "the death is counted");
         drop(pods_tx);

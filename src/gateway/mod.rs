@@ -17,7 +17,7 @@ pub mod status;
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 pub use model::build;
 
@@ -43,28 +43,6 @@ pub mod aliases {
     pub const SERVICES: &str = "services";
     /// Secrets (listener certificates).
     pub const SECRETS: &str = "secrets";
-}
-
-/// `spec.gatewayAPI` of the configuration: serve the Gateway API for this controller name.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct GatewaySettings {
-    /// GatewayClasses whose `spec.controllerName` is this are served (and their status written).
-    #[schemars(length(min = 1))]
-    pub controller_name: String,
-    /// Ports a listener may not take, because the rest of the configuration binds them (the
-    /// Ingress frontends, the health port): such a listener is refused with `PortUnavailable`.
-    #[serde(default)]
-    pub reserved_ports: Vec<u16>,
-    /// The port of the configuration's own HTTP frontend (the Ingress routes'): HTTP listeners
-    /// on it are served in that frontend, their routes before the Ingress routes (a request no
-    /// Gateway API route takes goes on to them); other protocols are refused there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_http_port: Option<u16>,
-    /// Addresses written into Gateways' `status.addresses` (the HAProxy Service's, say);
-    /// the HAProxy pods' IPs when empty.
-    #[serde(default)]
-    pub addresses: Vec<String>,
 }
 
 /// What a frontend of the model speaks.

@@ -6,10 +6,11 @@ use super::hostnames;
 use super::resources::{self, BackendRef, GROUP, Gateway, Listener, ParentReference, Route, RouteMatch, RouteRule};
 use super::status::{Body, Condition, ListenerStatus, ObjectStatus, ParentStatus};
 use super::{
-    ConditionalRule, Frontend, GatewaySettings, HeaderChanges, HostKind, Inputs, ListenerModel, MapEntry, Model,
-    PathRewrite, PortNumber, Protocol, RedirectModel, RuleBackend, SecretKey, ServiceRef, ServiceTarget,
-    ValueCondition, WeightedRef,
+    ConditionalRule, Frontend, HeaderChanges, HostKind, Inputs, ListenerModel, MapEntry, Model, PathRewrite,
+    PortNumber, Protocol, RedirectModel, RuleBackend, SecretKey, ServiceRef, ServiceTarget, ValueCondition,
+    WeightedRef,
 };
+use crate::config::GatewaySettings;
 
 /// The route kinds, in the order their routes are considered.
 const HTTP_ROUTE: &str = "HTTPRoute";
@@ -85,11 +86,11 @@ fn plain(text: &str) -> bool {
 }
 
 fn valid_hostname(host: &str) -> bool {
-    crate::render::filters::hostname(host).is_ok()
+    crate::syntax::is_hostname(host)
 }
 
 fn valid_path(path: &str) -> bool {
-    path.starts_with('/') && crate::render::filters::url_path(path).is_ok()
+    crate::syntax::url_path_flaw(path).is_none()
 }
 
 fn valid_header_name(name: &str) -> bool {
@@ -97,7 +98,7 @@ fn valid_header_name(name: &str) -> bool {
 }
 
 fn printable(text: &str) -> bool {
-    crate::render::filters::forbidden_char(text).is_none()
+    crate::syntax::forbidden_char(text).is_none()
 }
 
 fn judge_listeners<'a>(

@@ -24,36 +24,15 @@ use tracing::{error, info};
 
 use crate::dataplane::{ConfigVersion, StorageKind};
 use crate::files::Checksum;
-use crate::fleet::machine::{FileChecksums, State};
-use crate::fleet::pod::{PodVersions, StoredCopy};
+use crate::pod::{EventKind, FileChecksums, LeaderTerm, PodUid, PodVersions, State, StoredCopy};
 use crate::telemetry::traces::TraceId;
 use codec::{CodecError, RecordKind};
 pub use records::SCHEMA_VERSION;
 use records::{
-    BackendSlotsV1, MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, PodRecordV4, SlotsV1, StoredCopyV1,
-    TransitionRecordV1, TransitionRecordV2, UploadsV1, VersionsV1, state_code, state_from_code,
+    BackendSlotsV1, MetaV1, PodRecordV1, PodRecordV2, PodRecordV3, PodRecordV4, PodRecordV5, SlotsV1, StoredCopyV1,
+    TransitionRecordV1, TransitionRecordV2, TransitionRecordV3, UploadsV1, VersionsV1, reason_code, reason_from_code,
+    state_code, state_from_code,
 };
-
-/// A pod's identity: its UID. A pod recreated under the same name is a new pod.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodUid(pub String);
-
-impl fmt::Display for PodUid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// The leader term of the replica that wrote a record: each new lease holder gets a higher
-/// one. 0 means written without leader election.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LeaderTerm(pub u64);
-
-impl fmt::Display for LeaderTerm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// One transition, as the log keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,8 +45,9 @@ pub struct TransitionEntry {
     pub from: State,
     /// The state after.
     pub to: State,
-    /// Why (the event, in words).
-    pub reason: String,
+    /// The event it was taken on (`None`: a record of an older schema whose reason this build
+    /// does not know).
+    pub reason: Option<EventKind>,
     /// The failure it recorded, if any.
     pub error: Option<String>,
     /// The leader term of the replica that wrote it.
@@ -834,8 +814,8 @@ fn from_millis(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn pod_record(pod: &JournaledPod) -> PodRecordV4 {
-    PodRecordV4 {
+fn pod_record(pod: &JournaledPod) -> PodRecordV5 {
+    PodRecordV5 {
         uid: pod.uid.0.clone(),
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
@@ -854,13 +834,13 @@ fn pod_record(pod: &JournaledPod) -> PodRecordV4 {
     }
 }
 
-fn transition_record(entry: &TransitionEntry) -> TransitionRecordV2 {
-    TransitionRecordV2 {
+fn transition_record(entry: &TransitionEntry) -> TransitionRecordV3 {
+    TransitionRecordV3 {
         seq: entry.seq,
         at_ms: millis(entry.at),
         from: state_code(entry.from),
         to: state_code(entry.to),
-        reason: entry.reason.clone(),
+        reason: reason_code(entry.reason),
         error: entry.error.clone(),
         term: entry.term.0,
         trace_id: entry.trace_id.map(|id| id.0),
@@ -878,13 +858,14 @@ fn state(code: u8, kind: RecordKind, version: u16) -> Result<State, CodecError> 
 fn decode_pod(bytes: &[u8]) -> Result<JournaledPod, CodecError> {
     let kind = RecordKind::Pod;
     let (version, payload) = codec::open(kind, bytes)?;
-    let v3 = |v2: PodRecordV2| PodRecordV4::from(PodRecordV3::from(v2));
-    let record: PodRecordV4 = match version {
-        1 => v3(codec::decode_payload::<PodRecordV1>(kind, version, payload)?.into()),
-        2 => v3(codec::decode_payload::<PodRecordV2>(kind, version, payload)?),
-        3 => codec::decode_payload::<PodRecordV3>(kind, version, payload)?.into(),
+    let v4 = |v3: PodRecordV3| PodRecordV5::from(PodRecordV4::from(v3));
+    let record: PodRecordV5 = match version {
+        1 => v4(PodRecordV2::from(codec::decode_payload::<PodRecordV1>(kind, version, payload)?).into()),
+        2 => v4(codec::decode_payload::<PodRecordV2>(kind, version, payload)?.into()),
+        3 => v4(codec::decode_payload::<PodRecordV3>(kind, version, payload)?),
         // Schema 5 moved file contents out of sled; pod records are schema 4's.
-        4 | 5 => codec::decode_payload(kind, version, payload)?,
+        4 | 5 => codec::decode_payload::<PodRecordV4>(kind, version, payload)?.into(),
+        6 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     Ok(JournaledPod {
@@ -907,21 +888,22 @@ fn decode_transition(bytes: &[u8]) -> Result<TransitionEntry, CodecError> {
     let kind = RecordKind::Transition;
     let (version, payload) = codec::open(kind, bytes)?;
     // Schemas 3 to 5 left transitions as schema 2 had them.
-    let record: TransitionRecordV2 = match version {
-        1 => codec::decode_payload::<TransitionRecordV1>(kind, version, payload)?.into(),
-        2..=5 => codec::decode_payload(kind, version, payload)?,
+    let record: TransitionRecordV3 = match version {
+        1 => TransitionRecordV2::from(codec::decode_payload::<TransitionRecordV1>(kind, version, payload)?).into(),
+        2..=5 => codec::decode_payload::<TransitionRecordV2>(kind, version, payload)?.into(),
+        6 => codec::decode_payload(kind, version, payload)?,
         _ => return Err(CodecError::Payload { kind, version, detail: "a version this build does not know".into() }),
     };
     transition_entry(record, kind, version)
 }
 
-fn transition_entry(record: TransitionRecordV2, kind: RecordKind, version: u16) -> Result<TransitionEntry, CodecError> {
+fn transition_entry(record: TransitionRecordV3, kind: RecordKind, version: u16) -> Result<TransitionEntry, CodecError> {
     Ok(TransitionEntry {
         seq: record.seq,
         at: from_millis(record.at_ms),
         from: state(record.from, kind, version)?,
         to: state(record.to, kind, version)?,
-        reason: record.reason,
+        reason: reason_from_code(record.reason),
         error: record.error,
         term: LeaderTerm(record.term),
         trace_id: record.trace_id.map(TraceId),
@@ -972,7 +954,9 @@ mod tests {
                 at: from_millis(1_700_000_000_000 + seq),
                 from: State::Syncing,
                 to,
-                reason: format!("step {seq}"),
+                reason: [EventKind::DesiredChanged, EventKind::Verified, EventKind::Pushed]
+                    .get(seq as usize % 3)
+                    .copied(),
                 error: None,
                 term: LeaderTerm(3),
                 trace_id: Some(TraceId([seq as u8; 16])),
@@ -1157,7 +1141,63 @@ mod tests {
         let pod = journal.pod(&PodUid("u2".into())).unwrap().unwrap();
         assert_eq!(pod.pushed, Some(vec![("haproxy.cfg".into(), Checksum::of(b"global\n"))]));
         assert_eq!((pod.state, pod.copy, pod.last_transition.term), (State::InSync, None, LeaderTerm(2)));
+        assert_eq!(pod.last_transition.reason, Some(EventKind::Pushed), "the name is read as its kind");
         assert_eq!(journal.transitions(&PodUid("u2".into()), 0, 10).unwrap().len(), 1);
+    }
+
+    /// Schema 5 stored a transition's reason as the event kind's `Debug` name, which the
+    /// controller compared with "ValidationRejected"; schema 6 stores a code (issue #46).
+    #[test]
+    fn a_schema_5_journal_is_upgraded_to_6_and_its_reasons_are_kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let transition = |seq: u64, reason: &str| TransitionRecordV2 {
+            seq,
+            at_ms: 1_700_000_000_000 + seq,
+            from: state_code(State::Validating),
+            to: state_code(State::Validating),
+            reason: reason.into(),
+            error: Some("[ALERT] haproxy.cfg:3".into()),
+            term: 4,
+            trace_id: None,
+        };
+        {
+            // Exactly what the schema 5 build wrote: pod records of schema 4, transitions of 2.
+            let db = sled::Config::new().path(&path).open().unwrap();
+            db.insert(SCHEMA_KEY, codec::encode(RecordKind::Meta, 5, &MetaV1 { schema: 5 }).unwrap()).unwrap();
+            let record = PodRecordV4 {
+                uid: "u5".into(),
+                namespace: "haptic".into(),
+                name: "haproxy-0".into(),
+                state: state_code(State::Validating),
+                pushed: None,
+                copy: None,
+                versions: VersionsV1 { haproxy: Some("2.8.25".into()), dataplane_api: None },
+                last: transition(2, "ValidationRejected"),
+            };
+            db.open_tree("pods").unwrap().insert("u5", codec::encode(RecordKind::Pod, 5, &record).unwrap()).unwrap();
+            let log = db.open_tree("log").unwrap();
+            for (seq, reason) in [(1, "DesiredChanged"), (2, "ValidationRejected")] {
+                let bytes = codec::encode(RecordKind::Transition, 5, &transition(seq, reason)).unwrap();
+                log.insert(log_key(&PodUid("u5".into()), seq), bytes).unwrap();
+            }
+            db.flush().unwrap();
+        }
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!((report.upgraded_from, report.pods), (Some(5), 1), "{report:?}");
+        let pod = journal.pod(&PodUid("u5".into())).unwrap().unwrap();
+        assert_eq!(pod.last_transition.reason, Some(EventKind::ValidationRejected));
+        assert_eq!(pod.versions.haproxy.as_deref(), Some("2.8.25"));
+        let reasons: Vec<_> =
+            journal.transitions(&PodUid("u5".into()), 0, 10).unwrap().iter().map(|t| t.reason).collect();
+        assert_eq!(reasons, [Some(EventKind::DesiredChanged), Some(EventKind::ValidationRejected)]);
+        drop(journal);
+        let (journal, report) = Journal::open(&path, 100).unwrap();
+        assert_eq!(report.upgraded_from, None, "upgraded once");
+        assert_eq!(
+            journal.pod(&PodUid("u5".into())).unwrap().unwrap().last_transition.reason,
+            Some(EventKind::ValidationRejected)
+        );
     }
 
     #[test]
@@ -1183,8 +1223,9 @@ mod tests {
         assert!(failed.error.as_deref().is_some_and(|e| e.contains("connection refused")), "{failed:?}");
         for pod in &pods {
             let log = journal.transitions(&pod.uid, 0, 10).unwrap();
-            let seqs: Vec<_> = log.iter().map(|t| (t.seq, t.reason.as_str())).collect();
-            assert_eq!(seqs, [(1, "step 1"), (2, "step 2"), (3, "step 3")]);
+            let seqs: Vec<_> = log.iter().map(|t| (t.seq, t.reason)).collect();
+            // Schema 1's fixture wrote reasons ("step 1") that are no event kind's name.
+            assert_eq!(seqs, [(1, None), (2, None), (3, None)]);
             assert_eq!(log[2], pod.last_transition);
         }
         journal.commit(&pod("c", 1, State::InSync)).unwrap();

@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::fleet::machine::State;
+use crate::pod::{EventKind, State};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: u16 = 5;
+pub const SCHEMA_VERSION: u16 = 6;
 
 /// A pod's current record, schema 1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +165,66 @@ impl From<PodRecordV3> for PodRecordV4 {
     }
 }
 
+/// One entry of a pod's transition log, schema 6: schema 2 with the reason as a code
+/// (`reason_code`) instead of the event kind's name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TransitionRecordV3 {
+    pub(crate) seq: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) from: u8,
+    pub(crate) to: u8,
+    pub(crate) reason: u8,
+    pub(crate) error: Option<String>,
+    pub(crate) term: u64,
+    pub(crate) trace_id: Option<[u8; 16]>,
+}
+
+impl From<TransitionRecordV2> for TransitionRecordV3 {
+    /// Schema 2 to 5 wrote the event kind's name: read as the kind of that name, and a name
+    /// no kind has (none was ever renamed) as "not known".
+    fn from(v2: TransitionRecordV2) -> Self {
+        Self {
+            seq: v2.seq,
+            at_ms: v2.at_ms,
+            from: v2.from,
+            to: v2.to,
+            reason: reason_code(EventKind::from_name(&v2.reason)),
+            error: v2.error,
+            term: v2.term,
+            trace_id: v2.trace_id,
+        }
+    }
+}
+
+/// A pod's current record, schema 6: schema 4 with its last transition a
+/// `TransitionRecordV3`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodRecordV5 {
+    pub(crate) uid: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) state: u8,
+    pub(crate) pushed: Option<Vec<(String, [u8; 32])>>,
+    pub(crate) copy: Option<StoredCopyV1>,
+    pub(crate) versions: VersionsV1,
+    pub(crate) last: TransitionRecordV3,
+}
+
+impl From<PodRecordV4> for PodRecordV5 {
+    fn from(v4: PodRecordV4) -> Self {
+        Self {
+            uid: v4.uid,
+            namespace: v4.namespace,
+            name: v4.name,
+            state: v4.state,
+            pushed: v4.pushed,
+            copy: v4.copy,
+            versions: v4.versions,
+            last: v4.last.into(),
+        }
+    }
+}
+
 /// The server slots of one configuration, version 1: per backend, per slot, the endpoint
 /// (address, port) it holds or nothing. Stored in a tree of its own, added within schema 2:
 /// a build that does not know it leaves it alone.
@@ -193,7 +253,7 @@ pub(crate) struct UploadsV1 {
     pub(crate) files: Vec<(u8, String, Option<[u8; 32]>)>,
 }
 
-/// The journal's metadata, schemas 1 to 4 (unchanged).
+/// The journal's metadata, every schema (unchanged).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaV1 {
     pub(crate) schema: u16,
@@ -209,6 +269,31 @@ pub fn state_code(state: State) -> u8 {
         State::InSync => 4,
         State::Drifted => 5,
     }
+}
+
+/// Stable codes for transition reasons on disk (0: not known); never reuse or renumber one.
+pub fn reason_code(reason: Option<EventKind>) -> u8 {
+    match reason {
+        None => 0,
+        Some(EventKind::DesiredChanged) => 1,
+        Some(EventKind::Verified) => 2,
+        Some(EventKind::ValidationPassed) => 3,
+        Some(EventKind::ValidationRejected) => 4,
+        Some(EventKind::Pushed) => 5,
+        Some(EventKind::RuntimePatched) => 6,
+        Some(EventKind::RuntimePatchMismatch) => 7,
+        Some(EventKind::VersionConflict) => 8,
+        Some(EventKind::ReloadFailed) => 9,
+        Some(EventKind::ActionFailed) => 10,
+        Some(EventKind::RetryDue) => 11,
+        Some(EventKind::DriftTick) => 12,
+        Some(EventKind::Unsupported) => 13,
+    }
+}
+
+/// The reason a code stands for (`None`: not known, whatever the code).
+pub fn reason_from_code(code: u8) -> Option<EventKind> {
+    EventKind::ALL.into_iter().find(|kind| reason_code(Some(*kind)) == code)
 }
 
 /// The state a code stands for.
@@ -234,5 +319,35 @@ mod tests {
             assert_eq!(state_from_code(state_code(state)), Some(state));
         }
         assert_eq!(state_from_code(99), None);
+    }
+
+    #[test]
+    fn every_reason_has_its_own_code_that_round_trips_and_schema_5_names_are_read() {
+        let mut codes: Vec<u8> = EventKind::ALL.into_iter().map(|kind| reason_code(Some(kind))).collect();
+        for kind in EventKind::ALL {
+            assert_eq!(reason_from_code(reason_code(Some(kind))), Some(kind));
+        }
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), EventKind::ALL.len());
+        assert!(!codes.contains(&0), "0 is 'not known'");
+        assert_eq!(reason_from_code(0), None);
+        assert_eq!(reason_from_code(200), None);
+        let v2 = |reason: &str| TransitionRecordV2 {
+            seq: 1,
+            at_ms: 0,
+            from: 0,
+            to: 1,
+            reason: reason.into(),
+            error: None,
+            term: 0,
+            trace_id: None,
+        };
+        // Schema 5 stored `format!("{:?}", kind)`.
+        for kind in EventKind::ALL {
+            let upgraded = TransitionRecordV3::from(v2(&format!("{kind:?}")));
+            assert_eq!(reason_from_code(upgraded.reason), Some(kind));
+        }
+        assert_eq!(TransitionRecordV3::from(v2("SomethingElse")).reason, 0);
     }
 }

@@ -245,6 +245,18 @@ pub enum ReloadReason {
 }
 
 impl ReloadReason {
+    /// Every reason.
+    pub const ALL: [ReloadReason; 8] = [
+        Self::Unverified,
+        Self::Drift,
+        Self::Configuration,
+        Self::ServerAddress,
+        Self::Map,
+        Self::Certificate,
+        Self::File,
+        Self::Retry,
+    ];
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -8,6 +8,9 @@
 
 use minijinja::{Error, ErrorKind};
 
+pub(crate) use crate::syntax::{MAP_KEY_LIMIT, describe, forbidden_char};
+use crate::syntax::{is_hostname, url_path_flaw};
+
 use super::context::blame_value;
 
 fn refuse(value: &str, message: String) -> Error {
@@ -26,24 +29,6 @@ fn flaw(value: &str) -> String {
             Some(c) => format!("it holds the character U+{:04X}", c as u32),
             None => "it does not have the expected form".into(),
         },
-    }
-}
-
-/// The first character that can never appear in a line of `haproxy.cfg` or a map file.
-pub(crate) fn forbidden_char(text: &str) -> Option<char> {
-    text.chars().find(|c| c.is_control())
-}
-
-/// Describes a forbidden character for an error message.
-pub(crate) fn describe(c: char) -> String {
-    match c {
-        '\n' => "a newline".into(),
-        '\r' => "a carriage return".into(),
-        '\t' => "a tab".into(),
-        '\0' => "a NUL byte".into(),
-        ' ' => "a space".into(),
-        other if other.is_whitespace() && !other.is_control() => format!("the space character U+{:04X}", other as u32),
-        other => format!("the control character U+{:04X}", other as u32),
     }
 }
 
@@ -91,24 +76,12 @@ pub(crate) fn socket_path(value: &str) -> Result<String, Error> {
 /// `value | hostname`: the value if it is a DNS name (RFC 1123, lowercase) or a wildcard
 /// `*.example.com`, else an error naming it.
 pub(crate) fn hostname(value: &str) -> Result<String, Error> {
-    let name = value.strip_prefix("*.").unwrap_or(value);
-    let label_ok = |label: &str| {
-        !label.is_empty()
-            && label.len() <= 63
-            && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    };
-    if value.len() <= 253 && name.split('.').all(label_ok) {
+    if is_hostname(value) {
         Ok(value.to_owned())
     } else {
         Err(refuse(value, format!("hostname: the value is not a valid host name: {}", flaw(value))))
     }
 }
-
-/// Longest map key taken: HAProxy reads map files a buffer at a time, and no host and path of
-/// a route comes near this.
-pub(crate) const MAP_KEY_LIMIT: usize = 2048;
 
 /// `value | map_key`: the value if it can be a key in a map file (no whitespace, no control
 /// characters, not empty, at most [`MAP_KEY_LIMIT`] bytes), else an error.
@@ -133,36 +106,6 @@ pub(crate) fn url_path(value: &str) -> Result<String, Error> {
         None => Ok(value.to_owned()),
         Some(why) => Err(refuse(value, format!("url_path: the value is not a URL path: {why}"))),
     }
-}
-
-/// What keeps `value` from being a URL path, if anything.
-fn url_path_flaw(value: &str) -> Option<String> {
-    if !value.starts_with('/') {
-        return Some("it does not start with /".into());
-    }
-    let bytes = value.as_bytes();
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'%' if bytes.get(index + 1..index + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) => {
-                index += 3;
-                continue;
-            }
-            b'%' => return Some("it holds a % not followed by two hex digits".into()),
-            b if b.is_ascii_alphanumeric() || b"-._~!$&()*+,;=:@/".contains(&b) => {}
-            _ => {
-                let c = value[index..].chars().next().unwrap_or('?');
-                return Some(match c {
-                    c if c.is_control() => format!("it holds {}", describe(c)),
-                    ' ' => "it holds a space".into(),
-                    c if c.is_ascii() => format!("it holds {c:?}, which no URL path has"),
-                    c => format!("it holds the character U+{:04X}, which a URL path has only %-encoded", c as u32),
-                });
-            }
-        }
-        index += 1;
-    }
-    (value.len() > MAP_KEY_LIMIT).then(|| format!("it is {} bytes long", value.len()))
 }
 
 /// `value | bare_word`: the value written as it stands, when it is one HAProxy word that no

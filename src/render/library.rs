@@ -691,13 +691,7 @@ pub(crate) fn tcp_services(configmap: &Value, taken_ports: &[u16]) -> Result<Val
             value.trim().rsplit_once(':').ok_or_else(|| refuse("the value is not namespace/service:port"))?;
         let (namespace, service) =
             target.split_once('/').ok_or_else(|| refuse("the value is not namespace/service:port"))?;
-        let label_ok = |part: &str| {
-            !part.is_empty()
-                && part.len() <= 63
-                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        };
+        let label_ok = crate::syntax::is_dns_label;
         if !label_ok(namespace) || !label_ok(service) || !label_ok(service_port) {
             return Err(refuse("the value is not namespace/service:port"));
         }

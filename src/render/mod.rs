@@ -140,7 +140,7 @@ pub struct Renderer {
     /// render, seeded from the journal), blocks, sorted views (see `context::Carried`).
     carried: std::sync::Mutex<context::Carried>,
     /// The Gateway API settings, when the configuration serves it.
-    gateway: Option<crate::gateway::GatewaySettings>,
+    gateway: Option<crate::config::GatewaySettings>,
     /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
     gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
     /// What each template last rendered to (its text's fingerprint and checksum), for

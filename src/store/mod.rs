@@ -215,23 +215,28 @@ impl ResourceStore {
         }
     }
 
-    /// The empty store a watched resource's settings describe (`indexBy`, `ignoreFields`,
-    /// `fields`); the error says which path does not parse.
-    pub fn for_watched(watched: &crate::config::WatchedResource) -> Result<Self, String> {
+    /// The empty store of `kind` a watched resource's settings describe (`indexBy`,
+    /// `ignoreFields`, `fields`); the error says which path does not parse.
+    pub fn shaped(
+        kind: &str,
+        index_by: &[String],
+        ignore_fields: &[String],
+        fields: &[String],
+    ) -> Result<Self, String> {
         let parse = |paths: &[String]| paths.iter().map(|path| FieldPath::parse(path)).collect::<Result<Vec<_>, _>>();
-        let index_by = parse(&watched.index_by)?;
-        let ignore_fields = parse(&watched.ignore_fields)?;
+        let index_by = parse(index_by)?;
+        let ignore_fields = parse(ignore_fields)?;
         // An object's identity, its age and its index and ignored values are kept whatever
         // `fields` says: the store, the status writer and contested routes (oldest wins) need them.
-        let projection = if watched.fields.is_empty() {
+        let projection = if fields.is_empty() {
             None
         } else {
             let always = ["apiVersion", "kind", "metadata.namespace", "metadata.name", "metadata.creationTimestamp"]
                 .map(String::from);
-            let kept = parse(&[&always[..], &watched.fields].concat())?;
+            let kept = parse(&[&always[..], fields].concat())?;
             Some(Projection::new(kept.iter().chain(&index_by).chain(&ignore_fields))?)
         };
-        let mut store = Self::new(&watched.kind, index_by).with_ignored_fields(ignore_fields);
+        let mut store = Self::new(kind, index_by).with_ignored_fields(ignore_fields);
         store.projection = projection;
         Ok(store)
     }
@@ -608,14 +613,14 @@ mod tests {
 
     #[test]
     fn a_store_keeps_only_its_fields_and_a_change_elsewhere_is_no_change() {
-        let watched: crate::config::WatchedResource = serde_json::from_value(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "indexBy": ["metadata.namespace", "metadata.labels['kubernetes.io/service-name']"],
-            "ignoreFields": ["metadata.annotations['note']"],
-            "fields": ["ports", "endpoints[*].addresses"]
-        }))
+        let paths = |paths: &[&str]| paths.iter().map(|path| (*path).to_owned()).collect::<Vec<_>>();
+        let mut store = ResourceStore::shaped(
+            "EndpointSlice",
+            &paths(&["metadata.namespace", "metadata.labels['kubernetes.io/service-name']"]),
+            &paths(&["metadata.annotations['note']"]),
+            &paths(&["ports", "endpoints[*].addresses"]),
+        )
         .unwrap();
-        let mut store = ResourceStore::for_watched(&watched).unwrap();
         let slice = |address: &str, node: &str| {
             json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                    "metadata": {"namespace": "a", "name": "web-x", "uid": "1f", "generation": 3,

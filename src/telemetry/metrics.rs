@@ -264,6 +264,9 @@ mod tests {
         let m = metrics();
         m.renders.get_or_create(&OutcomeLabels { outcome: "ok" }).inc();
         m.action_seconds.get_or_create(&ActionLabels { action: "push" }).observe(0.02);
+        // A family is exported once it has a series (the fleet declares every reload reason
+        // at its start); run alone, this test must not lean on another test's reload.
+        let _ = m.reloads.get_or_create(&ReloadLabels { reason: "drift" });
         let text = m.encode();
         for name in [
             "haptic_renders_total{outcome=\"ok\"}",

@@ -175,8 +175,9 @@ impl Watches {
         };
         for (alias, watched) in &spec.watched_resources {
             let resource = discover(&client, alias, watched).await?;
-            let store = ResourceStore::for_watched(watched)
-                .map_err(|detail| WatchError::FieldPath { alias: alias.clone(), detail })?;
+            let store =
+                ResourceStore::shaped(&watched.kind, &watched.index_by, &watched.ignore_fields, &watched.fields)
+                    .map_err(|detail| WatchError::FieldPath { alias: alias.clone(), detail })?;
             let store = Arc::new(SharedStore::new(store));
             watches.stores.insert(alias.clone(), store.clone());
             let namespaces: Vec<Option<String>> = match &watched.namespaces {

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use haptic::files::Checksum;
-use haptic::fleet::machine::State;
-use haptic::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+use haptic::journal::{Journal, JournaledPod, TransitionEntry};
+use haptic::pod::{EventKind, LeaderTerm, PodUid, State};
 use haptic::telemetry::traces::TraceId;
 
 fn main() {
@@ -37,7 +37,7 @@ fn main() {
                 at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + seq),
                 from: State::Validating,
                 to,
-                reason: "pushed configuration version".into(),
+                reason: Some(EventKind::Pushed),
                 error: None,
                 // Every real record now carries a term and (with tracing on) a trace id.
                 term: LeaderTerm(1),

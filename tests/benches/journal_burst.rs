@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use haptic::api::{ApiState, bind, serve};
 use haptic::election::{ElectionSettings, Fence, Leadership};
 use haptic::files::Checksum;
-use haptic::fleet::machine::State;
-use haptic::journal::{Journal, JournaledPod, LeaderTerm, PodUid, TransitionEntry};
+use haptic::journal::{Journal, JournaledPod, TransitionEntry};
+use haptic::pod::{EventKind, LeaderTerm, PodUid, State};
 
 const DRIVERS: u64 = 50;
 /// How often the stand-in for lease renewal wakes (the election reads the Lease about as often).
@@ -40,7 +40,7 @@ fn record(driver: u64, seq: u64, files: &[(String, Checksum)]) -> JournaledPod {
             at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + seq),
             from: State::Validating,
             to,
-            reason: "Pushed".into(),
+            reason: Some(EventKind::Pushed),
             error: None,
             term: LeaderTerm(1),
             trace_id: None,
