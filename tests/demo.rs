@@ -55,12 +55,12 @@ async fn demo() -> Result<()> {
     let namespace = library_namespace(env, &client, "demo").await?;
     let address = backend_host_address()?;
     let work = tempfile::tempdir()?;
-    let backends = [("blue".to_owned(), 18200), ("green".to_owned(), 18201)];
+    let backends = [("blue".to_owned(), 18260), ("green".to_owned(), 18261)];
     let _backends = start_backends(work.path(), &address, &backends)?;
     for (name, port) in &backends {
         service_with_endpoints(&client, &namespace, name, &address, *port).await?;
     }
-    say(&format!("Services blue and green in namespace {namespace}, backends on {address}:18200/18201"));
+    say(&format!("Services blue and green in namespace {namespace}, backends on {address}:18260/18261"));
     apply_library_config_for_pods(&client, &namespace, "demo").await?;
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
     let ingress: Ingress = serde_json::from_value(json!({

@@ -46,11 +46,14 @@ async fn leads(api: &str) -> Result<bool> {
 async fn wait_until_leading(api: &str, expected: bool, within: Duration) -> Result<Instant> {
     let deadline = Instant::now() + within;
     loop {
-        if leads(api).await.unwrap_or(false) == expected {
+        // An API that does not answer is no follower: the replica must say it does not lead.
+        let answer = leads(api).await;
+        if answer.as_ref().is_ok_and(|leading| *leading == expected) {
             return Ok(Instant::now());
         }
         if Instant::now() > deadline {
-            bail!("{api} did not become {} within {within:?}", if expected { "leader" } else { "follower" });
+            let role = if expected { "leader" } else { "follower" };
+            bail!("{api} did not become {role} within {within:?} (last answer: {answer:?})");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

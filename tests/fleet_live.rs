@@ -14,13 +14,11 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+/// A metric's sum over its series; an error when the controller does not declare it, so a
+/// renamed metric never reads as 0 reloads.
 async fn metric(api: &str, line_start: &str) -> Result<f64> {
-    let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
-    Ok(text
-        .lines()
-        .filter(|line| line.starts_with(line_start))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+    let text = reqwest::get(format!("{api}/metrics")).await?.error_for_status()?.text().await?;
+    env::measure::declared_metric_sum(&text, line_start)
 }
 
 async fn setup(test: &str) -> Result<(kube::Client, String)> {

@@ -33,9 +33,9 @@ async fn a_later_ingress_in_a_namespace_that_sorts_first_takes_neither_host_nor_
     ensure!(thief_ns < victim_ns, "the thief's namespace must sort first: {thief_ns} {victim_ns}");
     let work = tempfile::tempdir()?;
     let address = backend_host_address()?;
-    let _backends = start_backends(work.path(), &address, &[("victim".into(), 18500), ("thief".into(), 18501)])?;
-    service_with_endpoints(&client, &victim_ns, "victim", &address, 18500).await?;
-    service_with_endpoints(&client, &thief_ns, "thief", &address, 18501).await?;
+    let _backends = start_backends(work.path(), &address, &[("victim".into(), 18560), ("thief".into(), 18561)])?;
+    service_with_endpoints(&client, &victim_ns, "victim", &address, 18560).await?;
+    service_with_endpoints(&client, &thief_ns, "thief", &address, 18561).await?;
     let victim_cert = tls_secret(&client, &victim_ns, "victim-tls", work.path()).await?;
     let thief_cert = tls_secret(&client, &thief_ns, "thief-tls", work.path()).await?;
     let both = format!("{{{victim_ns},{thief_ns}}}");

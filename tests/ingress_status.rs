@@ -109,10 +109,12 @@ async fn status_writers(ingresses: &Api<Ingress>, name: &str) -> Result<Vec<Stri
         .collect())
 }
 
-async fn leads(api: &str) -> bool {
-    let Ok(answer) = reqwest::get(format!("{api}/metrics")).await else { return false };
-    let text = answer.text().await.unwrap_or_default();
-    text.lines().any(|line| line.trim_end() == "haptic_leader 1")
+/// Whether the replica says it leads; an API that does not answer, or no `haptic_leader`
+/// metric, is an error, never "not leading".
+async fn leads(api: &str) -> Result<bool> {
+    let text = reqwest::get(format!("{api}/metrics")).await?.error_for_status()?.text().await?;
+    let line = text.lines().find(|l| l.starts_with("haptic_leader ")).context("no haptic_leader metric")?;
+    Ok(line.trim_end().ends_with(" 1"))
 }
 
 /// Two replicas: only the leader writes `status.loadBalancer`, with the HAProxy Service's
@@ -172,7 +174,7 @@ async fn only_the_leader_writes_the_haproxy_services_address() -> Result<()> {
         ControllerProcess::launch(env, &namespace, "haptic", dir_a, &journal_a, &Launch::elected(&lease, "replica-a"))?;
     let api_a = a.api_url().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !leads(&api_a).await {
+    while !leads(&api_a).await.unwrap_or(false) {
         ensure!(Instant::now() < deadline, "replica A did not lead\n{}", a.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -188,7 +190,7 @@ async fn only_the_leader_writes_the_haproxy_services_address() -> Result<()> {
         cfg.contains("timeout server 42s")
     })
     .await?;
-    ensure!(!leads(&api_b).await, "both replicas lead");
+    ensure!(!leads(&api_b).await?, "both replicas lead");
     for name in ["served", "classless"] {
         let writers = status_writers(&ingresses, name).await?;
         ensure!(writers == ["haptic@replica-a"], "{name}'s status was written by {writers:?}, not the leader alone");
@@ -197,7 +199,7 @@ async fn only_the_leader_writes_the_haproxy_services_address() -> Result<()> {
     // The leader goes: B takes the lease and writes the next Ingress's status.
     drop(a);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !leads(&api_b).await {
+    while !leads(&api_b).await.unwrap_or(false) {
         ensure!(Instant::now() < deadline, "replica B did not take over\n{}", b.log_tail());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

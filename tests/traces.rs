@@ -46,7 +46,7 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
     let launch = Launch::traced(env, &service);
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("journal");
-    let controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;
+    let mut controller = ControllerProcess::launch(env, &namespace, "test", dir, &journal, &launch)?;
     controller.wait_for_config("the first render", Duration::from_secs(60), |cfg| cfg.contains("maxconn 100")).await?;
 
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
@@ -119,9 +119,6 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
     }
 
     // Secrets never reach the traces, the log, the metrics or any API answer.
-    let exported = std::fs::read_to_string(&env.otlp.traces_file)?;
-    ensure!(!exported.contains(PASSWORD), "the Dataplane password was exported in a trace");
-    ensure!(!controller.log_text().contains(PASSWORD), "the Dataplane password was logged");
     for path in [
         "/metrics",
         "/api/v1/pods",
@@ -132,5 +129,26 @@ async fn an_ingress_change_is_one_trace_through_render_and_every_pod_and_the_jou
         let answer = reqwest::get(format!("{api}{path}")).await?.text().await?;
         ensure!(!answer.contains(PASSWORD), "the Dataplane password appeared in {path}");
     }
+    // The traces and the log are read once the controller has exited, which flushes every
+    // span it still held, and the collector has written them all: no span is read too early.
+    ensure!(controller.terminate(Duration::from_secs(15)).await, "the controller did not exit cleanly");
+    let exported = settled_file(&env.otlp.traces_file, Duration::from_secs(20)).await?;
+    ensure!(!exported.contains(PASSWORD), "the Dataplane password was exported in a trace");
+    ensure!(!controller.log_text().contains(PASSWORD), "the Dataplane password was logged");
     Ok(())
+}
+
+/// A file's text once it has not grown for a second.
+async fn settled_file(path: &std::path::Path, within: Duration) -> Result<String> {
+    let deadline = Instant::now() + within;
+    let mut last = std::fs::metadata(path)?.len();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = std::fs::metadata(path)?.len();
+        if now == last {
+            return Ok(std::fs::read_to_string(path)?);
+        }
+        ensure!(Instant::now() < deadline, "{} kept growing for {within:?}", path.display());
+        last = now;
+    }
 }

@@ -73,6 +73,19 @@ pub fn reloads_per_pod(env: &Manifest) -> Result<u64> {
 }
 
 /// The sum of a metric's samples whose line starts with `prefix`, in a text exposition.
+/// The sum of the series starting with `prefix`, when the controller declares the metric
+/// (its `# TYPE` line; a counter's without `_total`): a metric renamed or gone is an error,
+/// not a sum of 0.
+pub fn declared_metric_sum(metrics: &str, prefix: &str) -> anyhow::Result<f64> {
+    let family = prefix.split('{').next().unwrap_or(prefix);
+    let declared = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .any(|name| name == family || family.strip_suffix("_total") == Some(name));
+    anyhow::ensure!(declared, "the controller declares no metric {family}");
+    Ok(metric_sum(metrics, prefix))
+}
+
 pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
     metrics.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
