@@ -23,6 +23,7 @@ pub mod pod;
 pub mod render;
 pub mod store;
 pub mod syntax;
+pub mod tasks;
 pub mod telemetry;
 pub mod tls;
 pub mod watch;

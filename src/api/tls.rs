@@ -76,7 +76,10 @@ pub async fn serve(
     what: &'static str,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    // The connections are this server's: they stop when it is stopped.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         let (stream, peer): (tokio::net::TcpStream, SocketAddr) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -86,7 +89,7 @@ pub async fn serve(
             }
         };
         let (acceptor, app) = (acceptor.clone(), app.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let tls = match acceptor.accept(stream).await {
                 Ok(tls) => tls,
                 Err(error) => {

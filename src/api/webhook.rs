@@ -95,12 +95,13 @@ async fn turn(judging: &Arc<Semaphore>, wait: std::time::Duration) -> Option<Own
     tokio::time::timeout(wait, judging.clone().acquire_owned()).await.ok()?.ok()
 }
 
-/// Starts the webhook for the configuration `namespace/name`; gives the address it listens on.
+/// Binds the webhook for the configuration `namespace/name`; gives the address it listens on
+/// and the serving, for the caller to run on a task it owns.
 pub async fn serve(
     settings: &WebhookSettings,
     config: (String, String),
     source: watch::Receiver<Option<Arc<AdmissionSource>>>,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), WebhookError> {
+) -> Result<(SocketAddr, impl std::future::Future<Output = ()> + Send + 'static), WebhookError> {
     let tls = super::tls::from_directory(&settings.certificate_dir)?;
     let listener = tokio::net::TcpListener::bind(settings.address)
         .await
@@ -109,8 +110,7 @@ pub async fn serve(
     let validator = settings.validator.as_ref().map(validator_of);
     let state = WebhookState { source, config, validator, judging: Arc::new(Semaphore::new(JUDGED_AT_ONCE)) };
     let app = Router::new().route("/validate", post(review)).with_state(state);
-    let task = tokio::spawn(super::tls::serve(listener, tls, app, "the admission webhook"));
-    Ok((address, task))
+    Ok((address, super::tls::serve(listener, tls, app, "the admission webhook")))
 }
 
 async fn review(State(state): State<WebhookState>, body: axum::body::Bytes) -> Response {

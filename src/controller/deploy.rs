@@ -26,6 +26,7 @@ pub(crate) struct Deployer {
     term: LeaderTerm,
     fence: Arc<Fence>,
     fleet: Option<Fleet>,
+    tasks: crate::tasks::TaskTree,
 }
 
 struct Fleet {
@@ -33,13 +34,21 @@ struct Fleet {
     desired: watch::Sender<Arc<Desired>>,
     actions: Arc<DataplaneActions>,
     slots: ActionSlots,
-    task: tokio::task::JoinHandle<()>,
+    task: crate::tasks::OwnedTask,
+    /// Answers when the fleet's task has ended.
+    ended: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl Deployer {
-    /// A fleet journaling in `journal`, deploying in leader term `term` while `fence` allows.
-    pub(crate) fn new(journal: Arc<Journal>, term: LeaderTerm, fence: Arc<Fence>) -> Self {
-        Self { journal, term, fence, fleet: None }
+    /// A fleet journaling in `journal`, deploying in leader term `term` while `fence` allows;
+    /// its task runs under `tasks`.
+    pub(crate) fn new(
+        journal: Arc<Journal>,
+        term: LeaderTerm,
+        fence: Arc<Fence>,
+        tasks: crate::tasks::TaskTree,
+    ) -> Self {
+        Self { journal, term, fence, fleet: None, tasks }
     }
 
     /// The leader term this fleet deploys in.
@@ -88,25 +97,27 @@ impl Deployer {
                 let (pods_tx, pods_rx) = watch::channel(targets);
                 let (desired_tx, desired_rx) = watch::channel(desired);
                 let slots = ActionSlots::new(max_parallel);
-                let task = tokio::spawn(supervisor::run(
-                    self.journal.clone(),
-                    actions.clone(),
-                    slots.clone(),
-                    self.term,
-                    pods_rx,
-                    desired_rx,
-                ));
+                let (task, ended) = self.tasks.spawn_returning(
+                    "fleet",
+                    supervisor::run(
+                        self.journal.clone(),
+                        actions.clone(),
+                        slots.clone(),
+                        self.term,
+                        pods_rx,
+                        desired_rx,
+                    ),
+                );
                 info!(max_parallel, "fleet started");
-                self.fleet = Some(Fleet { pods: pods_tx, desired: desired_tx, actions, slots, task });
+                self.fleet = Some(Fleet { pods: pods_tx, desired: desired_tx, actions, slots, task, ended });
             }
         }
     }
 
     /// Stops every driver at once, abandoning in-flight actions (leadership lost).
     pub(crate) fn abort(self) {
-        if let Some(fleet) = self.fleet {
-            fleet.task.abort();
-        }
+        // Dropping the fleet's task handle stops it.
+        drop(self.fleet);
     }
 
     /// Stops every driver; in-flight actions are abandoned at their next step.
@@ -114,7 +125,8 @@ impl Deployer {
         if let Some(fleet) = self.fleet {
             drop(fleet.pods);
             drop(fleet.desired);
-            if tokio::time::timeout(Duration::from_secs(10), fleet.task).await.is_err() {
+            let _task = fleet.task;
+            if tokio::time::timeout(Duration::from_secs(10), fleet.ended).await.is_err() {
                 warn!("fleet did not stop within 10s");
             }
         }

@@ -1,7 +1,7 @@
 //! Writes the status the Gateway API model says each object is owed (`gateway::status`): after
 //! each render, as one batch, and only for objects whose status changed since it was last
 //! written; a write that fails is retried a second later, or with the next batch. Only the
-//! leader writes. The writing runs on a task of its own ([`GatewayStatusTask`]), each write
+//! leader writes. The writing runs on a task of its own (`writers::StatusTask`), each write
 //! with a timeout and 8 in flight at most, so a slow API server never holds up the
 //! controller's loop (its renders, leadership changes, shutdown).
 
@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::gateway::resources::api_resource as resource;
@@ -22,61 +21,37 @@ type Key = (&'static str, String, String);
 const WRITES_IN_FLIGHT: usize = 8;
 /// How long one write (a read and a patch) may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How soon what failed is tried again when no new batch comes.
-const RETRY: Duration = Duration::from_secs(1);
 
-/// The writer's task: the latest batch offered is the one written (a newer one replaces a
-/// batch not yet written); stopped when dropped.
-pub(super) struct GatewayStatusTask {
-    offers: watch::Sender<Option<StatusSet>>,
-    task: tokio::task::JoinHandle<()>,
-}
+/// What the Gateway API writer owes: the latest batch a render offered.
+#[derive(Default)]
+pub(super) struct LatestBatch(Option<StatusSet>);
 
-impl GatewayStatusTask {
-    /// Starts writing for objects of `controller_name`, each batch only while `may_write`.
-    pub(super) fn start(
-        client: kube::Client,
-        controller_name: String,
-        may_write: impl Fn() -> bool + Send + Sync + 'static,
-    ) -> Self {
-        let (offers, mut offered) = watch::channel(None::<StatusSet>);
-        let task = tokio::spawn(async move {
-            let mut writer = GatewayStatusWriter::new(client, controller_name);
-            loop {
-                let retry = writer.pending.is_some();
-                tokio::select! {
-                    changed = offered.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        if let Some(statuses) = offered.borrow_and_update().clone() {
-                            writer.offer(statuses);
-                        }
-                    }
-                    () = tokio::time::sleep(RETRY), if retry => {}
-                }
-                if may_write() {
-                    writer.flush().await;
-                }
-            }
-        });
-        Self { offers, task }
-    }
+impl super::writers::Owed for LatestBatch {
+    type Offer = StatusSet;
 
-    /// Hands the task the status a render owes.
-    pub(super) fn offer(&self, statuses: StatusSet) {
-        self.offers.send_replace(Some(statuses));
+    fn merge(&mut self, statuses: StatusSet) -> bool {
+        self.0 = Some(statuses);
+        true
     }
 }
 
-impl Drop for GatewayStatusTask {
-    fn drop(&mut self) {
-        self.task.abort();
+impl super::writers::StatusWrites for GatewayStatusWriter {
+    type Owed = LatestBatch;
+
+    async fn pass(&mut self, owed: &super::writers::SharedOwed<LatestBatch>, may_write: bool) -> bool {
+        if let Some(statuses) = owed.lock().0.take() {
+            self.offer(statuses);
+        }
+        // A follower keeps the batch: it writes it if it leads again before a newer one comes.
+        if may_write {
+            self.flush().await;
+        }
+        self.pending.is_some()
     }
 }
 
 /// The writer, with what it wrote last.
-struct GatewayStatusWriter {
+pub(super) struct GatewayStatusWriter {
     client: kube::Client,
     controller_name: String,
     written: BTreeMap<Key, ObjectStatus>,
@@ -86,7 +61,7 @@ struct GatewayStatusWriter {
 
 impl GatewayStatusWriter {
     /// A writer for objects of `controller_name`.
-    fn new(client: kube::Client, controller_name: String) -> Self {
+    pub(super) fn new(client: kube::Client, controller_name: String) -> Self {
         Self { client, controller_name, written: BTreeMap::new(), pending: None }
     }
 
@@ -118,15 +93,12 @@ impl GatewayStatusWriter {
                 let (client, controller_name) = (self.client.clone(), self.controller_name.clone());
                 async move {
                     let written = write(&client, &controller_name, &status);
-                    let result = match tokio::time::timeout(WRITE_TIMEOUT, written).await {
-                        Ok(written) => written.map_err(|error| error.to_string()),
-                        Err(_) => Err(format!("no answer within {} s", WRITE_TIMEOUT.as_secs())),
-                    };
+                    let result = super::writers::bounded(WRITE_TIMEOUT, written).await;
                     (key, status, result)
                 }
             })
             .collect();
-        let results: Vec<(Key, ObjectStatus, Result<(), String>)> =
+        let results: Vec<(Key, ObjectStatus, Result<(), super::writers::WriteFailed>)> =
             futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT).collect().await;
         let mut failed = false;
         for (key, status, result) in results {

@@ -4,12 +4,11 @@
 //! this controller wrote (and keeps any another controller wrote).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value as Json, json};
-use tokio::sync::Notify;
 use tracing::warn;
 
 use crate::config::IngressStatusSettings;
@@ -124,7 +123,7 @@ const WRITES_IN_FLIGHT: usize = 8;
 
 /// What the writer owes and what it is writing.
 #[derive(Default)]
-struct Ledger {
+pub(super) struct Ledger {
     /// Changes not yet taken by a pass.
     owed: Owed,
     /// The lists a pass has taken and not yet written: a render offers every Ingress whose
@@ -140,75 +139,65 @@ impl Ledger {
     }
 }
 
+impl super::writers::Owed for Ledger {
+    type Offer = Vec<IngressStatusChange>;
+
+    /// Owes these changes, but for those the running pass is writing already.
+    fn merge(&mut self, changes: Vec<IngressStatusChange>) -> bool {
+        let mut owed_any = false;
+        for change in changes {
+            let key = (change.namespace.clone(), change.name.clone());
+            if self.being_written(&key, &change.ingress) {
+                continue;
+            }
+            self.owed.insert(key, change);
+            owed_any = true;
+        }
+        owed_any
+    }
+}
+
 /// Writes Ingress statuses beside the controller's loop: at 10,000 Ingresses one batch is
 /// 10,000 PATCHes, which in the loop held every render back for over a minute. What is owed is
 /// one map, the latest change of each Ingress replacing an unwritten one: memory stays bounded
 /// by the Ingresses however many renders offer the same changes while a pass is running (a
 /// queue of batches grew past a gigabyte at 10,000 under churn), and a change the running pass
 /// will write anyway is not owed again.
-#[derive(Clone)]
-pub struct StatusWriter {
-    ledger: Arc<Mutex<Ledger>>,
-    wake: Arc<Notify>,
+pub(super) struct IngressWrites {
+    client: kube::Client,
 }
 
-impl StatusWriter {
-    /// Starts the writing task. `may_write` is asked before every PATCH: a replica that lost
-    /// the lease drops what it owed (the new leader computes its own) instead of finishing a
-    /// pass of up to 10,000 writes under another leader.
-    pub fn start(client: kube::Client, may_write: impl Fn() -> bool + Send + Sync + 'static) -> Self {
-        let writer = Self { ledger: Arc::default(), wake: Arc::new(Notify::new()) };
-        let (ledger, wake) = (writer.ledger.clone(), writer.wake.clone());
-        tokio::spawn(async move {
-            loop {
-                wake.notified().await;
-                let pass = ledger
-                    .lock()
-                    .map(|mut ledger| {
-                        let pass = std::mem::take(&mut ledger.owed);
-                        ledger.writing =
-                            pass.iter().map(|(key, change)| (key.clone(), change.ingress.clone())).collect();
-                        pass
-                    })
-                    .unwrap_or_default();
-                futures::stream::iter(pass)
-                    .for_each_concurrent(WRITES_IN_FLIGHT, |(key, change)| {
-                        let (client, ledger, may_write) = (&client, &ledger, &may_write);
-                        async move {
-                            if may_write() {
-                                write_one(client, &change).await;
-                            }
-                            // Written or not (a failure, a follower now), what comes next for
-                            // this Ingress is owed again.
-                            if let Ok(mut ledger) = ledger.lock() {
-                                ledger.writing.remove(&key);
-                            }
-                        }
-                    })
-                    .await;
-            }
-        });
-        writer
+impl IngressWrites {
+    /// Writes through `client`.
+    pub(super) fn new(client: kube::Client) -> Self {
+        Self { client }
     }
+}
 
-    /// Owes these changes, but for those the running pass is writing already (nothing to do
-    /// for none).
-    pub fn offer(&self, changes: Vec<IngressStatusChange>) {
-        let Ok(mut ledger) = self.ledger.lock() else { return };
-        let mut owed_any = false;
-        for change in changes {
-            let key = (change.namespace.clone(), change.name.clone());
-            if ledger.being_written(&key, &change.ingress) {
-                continue;
-            }
-            ledger.owed.insert(key, change);
-            owed_any = true;
-        }
-        drop(ledger);
-        // A pass running now takes these at its end (Notify keeps one wake-up).
-        if owed_any {
-            self.wake.notify_one();
-        }
+impl super::writers::StatusWrites for IngressWrites {
+    type Owed = Ledger;
+
+    /// A replica that may not write (it lost the lease) drops what it owed: the new leader
+    /// computes its own. Failures are logged; the next render, which still sees the
+    /// difference, owes them again.
+    async fn pass(&mut self, owed: &super::writers::SharedOwed<Ledger>, may_write: bool) -> bool {
+        let pass = {
+            let mut ledger = owed.lock();
+            let pass = std::mem::take(&mut ledger.owed);
+            ledger.writing = pass.iter().map(|(key, change)| (key.clone(), change.ingress.clone())).collect();
+            pass
+        };
+        let client = &self.client;
+        futures::stream::iter(pass)
+            .for_each_concurrent(WRITES_IN_FLIGHT, |(key, change)| async move {
+                if may_write {
+                    write_one(client, &change).await;
+                }
+                // Written or not, what comes next for this Ingress is owed again.
+                owed.lock().writing.remove(&key);
+            })
+            .await;
+        false
     }
 }
 
@@ -276,6 +265,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::controller::writers::StatusTask;
     use crate::store::{ObjectKey, ResourceStore};
 
     /// An API server that answers the status PATCHes of Ingress `ns/a` after `delay`.
@@ -300,7 +290,10 @@ mod tests {
         let (server, client) = status_api(Duration::ZERO).await;
         let leading = Arc::new(AtomicBool::new(false));
         let asked = leading.clone();
-        let writer = StatusWriter::start(client, move || asked.load(Ordering::SeqCst));
+        let tree = crate::tasks::TaskTree::default();
+        let writer = StatusTask::start(&tree, "ingress status", IngressWrites::new(client), move || {
+            asked.load(Ordering::SeqCst)
+        });
         let change = || IngressStatusChange {
             namespace: "ns".into(),
             name: "a".into(),
@@ -326,7 +319,8 @@ mod tests {
     async fn a_change_the_running_pass_is_writing_is_not_owed_again() {
         // A slow API server: the pass is still writing when the next renders offer again.
         let (server, client) = status_api(Duration::from_millis(400)).await;
-        let writer = StatusWriter::start(client, || true);
+        let tree = crate::tasks::TaskTree::default();
+        let writer = StatusTask::start(&tree, "ingress status", IngressWrites::new(client), || true);
         let list = |ip: &str| -> Arc<[Json]> { vec![json!({"ip": ip})].into() };
         let change = |ingress: Arc<[Json]>| IngressStatusChange { namespace: "ns".into(), name: "a".into(), ingress };
         let written = || async {

@@ -44,14 +44,15 @@ pub(crate) struct Quarantine {
     held: HashMap<ObjectRef, Held>,
     /// The render last searched (every file's checksum): searched once.
     searched: Option<Vec<Checksum>>,
-    running: Option<tokio::task::JoinHandle<()>>,
+    running: Option<crate::tasks::OwnedTask>,
     results: mpsc::Sender<Finished>,
+    tasks: crate::tasks::TaskTree,
 }
 
 impl Quarantine {
     /// An empty quarantine whose searches report on `results`.
-    pub(crate) fn new(results: mpsc::Sender<Finished>) -> Self {
-        Self { held: HashMap::new(), searched: None, running: None, results }
+    pub(crate) fn new(tasks: crate::tasks::TaskTree, results: mpsc::Sender<Finished>) -> Self {
+        Self { held: HashMap::new(), searched: None, running: None, results, tasks }
     }
 
     /// `stores` without the held objects that are still as they were refused, and the refusal
@@ -93,7 +94,7 @@ impl Quarantine {
         }
         self.searched = Some(fingerprint);
         let results = self.results.clone();
-        self.running = Some(tokio::spawn(async move {
+        self.running = Some(self.tasks.spawn("culprit search", async move {
             let generation = job.generation;
             let culprits = job.run().await;
             if !culprits.is_empty() {
@@ -120,14 +121,6 @@ impl Quarantine {
 /// Every file's checksum, in order: a render told apart from another.
 fn fingerprint(files: &FileSet) -> Vec<Checksum> {
     files.entries().map(|(_, file)| file.checksum).collect()
-}
-
-impl Drop for Quarantine {
-    fn drop(&mut self) {
-        if let Some(task) = self.running.take() {
-            task.abort();
-        }
-    }
 }
 
 /// Everything a search needs, taken from the loop at its start.

@@ -357,73 +357,58 @@ impl StatusWriter {
     }
 }
 
-/// The configuration's status writer on a task of its own: the loop hands it the latest
-/// configuration object, facts and refusals and never waits for the API server (a slow one
-/// delays the status, never a render). Each channel keeps only the latest: a write owed is
-/// replaced by a newer one before it is made. Stopped when dropped.
-pub(crate) struct StatusTask {
-    config: tokio::sync::watch::Sender<Option<HAProxyTemplateConfig>>,
-    facts: tokio::sync::watch::Sender<Option<StatusFacts>>,
-    refusals: tokio::sync::watch::Sender<Option<Vec<Refusal>>>,
-    task: tokio::task::JoinHandle<()>,
+/// What the configuration's status writer owes: the latest configuration object, refusals and
+/// facts (each replacing an unwritten one).
+#[derive(Default)]
+pub(crate) struct ConfigOwed {
+    config: Option<HAProxyTemplateConfig>,
+    refusals: Option<Vec<Refusal>>,
+    facts: Option<StatusFacts>,
 }
 
-impl StatusTask {
-    /// Starts `writer` on its task.
-    pub(crate) fn start(mut writer: StatusWriter) -> Self {
-        let (config, mut config_rx) = tokio::sync::watch::channel(None);
-        let (facts, mut facts_rx) = tokio::sync::watch::channel(None);
-        let (refusals, mut refusals_rx) = tokio::sync::watch::channel::<Option<Vec<Refusal>>>(None);
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    // The object first: the generation and the Events' subject come from it.
-                    biased;
-                    changed = config_rx.changed() => {
-                        if changed.is_err() { break }
-                        if let Some(config) = config_rx.borrow_and_update().as_ref() {
-                            writer.saw(config);
-                        }
-                    }
-                    changed = refusals_rx.changed() => {
-                        if changed.is_err() { break }
-                        let refusals = refusals_rx.borrow_and_update().clone();
-                        if let Some(refusals) = refusals {
-                            writer.announce_refusals(refusals).await;
-                        }
-                    }
-                    changed = facts_rx.changed() => {
-                        if changed.is_err() { break }
-                        let facts = facts_rx.borrow_and_update().clone();
-                        if let Some(facts) = facts {
-                            writer.publish(&facts).await;
-                        }
-                    }
-                }
-            }
-        });
-        Self { config, facts, refusals, task }
-    }
+/// An offer to the configuration's status writer.
+pub(crate) enum ConfigOffer {
+    /// The configuration object as watched (its generation and identity, for Events).
+    Saw(Box<HAProxyTemplateConfig>),
+    /// The objects the last render left out: an Event on each newly refused one.
+    Refusals(Vec<Refusal>),
+    /// The conditions these facts call for (written when they differ from the last).
+    Facts(StatusFacts),
+}
 
-    /// Notes the configuration object (its generation and identity, for Events).
-    pub(crate) fn saw(&self, config: &HAProxyTemplateConfig) {
-        self.config.send_replace(Some(config.clone()));
-    }
+impl super::writers::Owed for ConfigOwed {
+    type Offer = ConfigOffer;
 
-    /// Owes the conditions these facts call for (written when they differ from the last).
-    pub(crate) fn publish(&self, facts: &StatusFacts) {
-        self.facts.send_replace(Some(facts.clone()));
-    }
-
-    /// Owes an Event on each object newly left out of the render.
-    pub(crate) fn announce_refusals(&self, refusals: Vec<Refusal>) {
-        self.refusals.send_replace(Some(refusals));
+    fn merge(&mut self, offer: ConfigOffer) -> bool {
+        match offer {
+            ConfigOffer::Saw(config) => self.config = Some(*config),
+            ConfigOffer::Refusals(refusals) => self.refusals = Some(refusals),
+            ConfigOffer::Facts(facts) => self.facts = Some(facts),
+        }
+        true
     }
 }
 
-impl Drop for StatusTask {
-    fn drop(&mut self) {
-        self.task.abort();
+impl super::writers::StatusWrites for StatusWriter {
+    type Owed = ConfigOwed;
+
+    async fn pass(&mut self, owed: &super::writers::SharedOwed<ConfigOwed>, may_write: bool) -> bool {
+        let ConfigOwed { config, refusals, facts } = std::mem::take(&mut *owed.lock());
+        // The object first: the generation and the Events' subject come from it.
+        if let Some(config) = &config {
+            self.saw(config);
+        }
+        if !may_write {
+            return false;
+        }
+        if let Some(refusals) = refusals {
+            self.announce_refusals(refusals).await;
+        }
+        if let Some(facts) = &facts {
+            self.publish(facts).await;
+        }
+        // A failed write is logged; the next status tick offers the facts again.
+        false
     }
 }
 
@@ -432,11 +417,10 @@ impl Drop for StatusTask {
 const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A write to the API server, given up after [`API_CALL_TIMEOUT`].
-async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
-    match tokio::time::timeout(API_CALL_TIMEOUT, call).await {
-        Ok(result) => result.map_err(|error| error.to_string()),
-        Err(_) => Err(format!("no answer within {}s", API_CALL_TIMEOUT.as_secs())),
-    }
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, super::writers::WriteFailed> {
+    super::writers::bounded(API_CALL_TIMEOUT, call).await
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::Value as Json;
 use thiserror::Error;
 use tokio::sync::{Notify, mpsc};
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -151,7 +150,7 @@ pub struct HaproxyPod {
 pub struct Watches {
     stores: BTreeMap<String, Arc<SharedStore>>,
     pods: Arc<Mutex<Vec<HaproxyPod>>>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Vec<crate::tasks::OwnedTask>,
     streams: usize,
     synced: SyncCount,
 }
@@ -165,6 +164,7 @@ impl Watches {
         spec: &HAProxyTemplateConfigSpec,
         pod_namespace: &str,
         changes: mpsc::Sender<Change>,
+        tasks: &crate::tasks::TaskTree,
     ) -> Result<Self, WatchError> {
         let mut watches = Self {
             pods: Arc::new(Mutex::new(Vec::new())),
@@ -194,7 +194,7 @@ impl Watches {
                     synced: watches.synced.clone(),
                 };
                 let config = watcher_config(watched);
-                watches.tasks.push(tokio::spawn(stream.run(client.clone(), config)));
+                watches.tasks.push(tasks.spawn("watch", stream.run(client.clone(), config)));
                 watches.streams += 1;
             }
         }
@@ -207,7 +207,7 @@ impl Watches {
         };
         let selector =
             spec.pod_selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-        watches.tasks.push(tokio::spawn(pod_stream.run(client, selector)));
+        watches.tasks.push(tasks.spawn("pod watch", pod_stream.run(client, selector)));
         watches.streams += 1;
         Ok(watches)
     }
@@ -261,14 +261,6 @@ impl StoresView {
     pub fn pods(&self) -> Vec<PodInfo> {
         let pods = self.pods.lock().map(|pods| pods.clone()).unwrap_or_default();
         pods.into_iter().filter(|pod| pod.ready).map(|pod| pod.info).collect()
-    }
-}
-
-impl Drop for Watches {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
     }
 }
 
