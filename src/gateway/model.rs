@@ -101,6 +101,8 @@ fn printable(text: &str) -> bool {
     crate::syntax::forbidden_char(text).is_none()
 }
 
+/// Every listener of the served Gateways, judged: whether it can be served, what it refers to,
+/// and whether it conflicts with one judged before it.
 fn judge_listeners<'a>(
     settings: &GatewaySettings,
     inputs: &Inputs,
@@ -111,150 +113,149 @@ fn judge_listeners<'a>(
     let mut ports: BTreeMap<u16, (Protocol, Vec<Option<String>>)> = BTreeMap::new();
     for (index, gateway) in gateways.iter().enumerate() {
         for listener in &gateway.spec.listeners {
-            let meta = &gateway.metadata;
-            let mut state = ListenerState {
-                gateway: index,
-                listener,
-                id: format!("{}_{}_{}", meta.namespace, meta.name, listener.name),
-                port: u16::try_from(listener.port).unwrap_or(0),
-                hostname: listener.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
-                protocol: None,
-                kinds: Vec::new(),
-                certificates: Vec::new(),
-                refused: None,
-                unresolved: None,
-                conflict: None,
-                attached: 0,
-            };
-            let mode = listener.tls.as_ref().and_then(|tls| tls.mode.clone()).unwrap_or_else(|| "Terminate".into());
-            state.protocol = match (listener.protocol.as_str(), mode.as_str()) {
-                ("HTTP", _) => Some(Protocol::Http),
-                ("HTTPS", "Terminate") => Some(Protocol::Https),
-                ("TLS", "Passthrough") => Some(Protocol::TlsPassthrough),
-                ("TCP", _) => Some(Protocol::Tcp),
-                ("HTTPS", _) | ("TLS", _) => {
-                    state.refused = Some((
-                        "UnsupportedValue",
-                        format!("protocol {} with TLS mode {mode} is not supported", listener.protocol),
-                    ));
-                    None
-                }
-                (other, _) => {
-                    state.refused = Some(("UnsupportedProtocol", format!("protocol {other} is not supported")));
-                    None
-                }
-            };
-            if !(plain(&meta.namespace) && plain(&meta.name) && plain(&listener.name)) {
-                state.refused =
-                    Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
-            }
-            // The shared port takes HTTP listeners only; other reserved ports take none.
-            let taken = if settings.shared_http_port == Some(state.port) {
-                state.protocol != Some(Protocol::Http)
-            } else {
-                settings.reserved_ports.contains(&state.port)
-            };
-            if state.port == 0 || taken {
-                state.refused = Some((
-                    "PortUnavailable",
-                    format!("port {} is taken by the rest of the configuration", listener.port),
-                ));
-            }
-            if let Some(host) = &state.hostname
-                && !valid_hostname(host)
-            {
-                state.refused = Some(("UnsupportedValue", "the hostname cannot be served".into()));
-            }
+            let mut state = judge_listener(settings, index, gateway, listener);
             if let Some(protocol) = state.protocol {
-                let allowed = default_kinds(protocol);
-                let asked = listener.allowed_routes.as_ref().map(|a| a.kinds.clone()).unwrap_or_default();
-                if asked.is_empty() {
-                    state.kinds = allowed;
-                } else {
-                    for kind in &asked {
-                        let group_ok = kind.group.as_deref().is_none_or(|g| g == GROUP);
-                        match allowed.iter().find(|k| **k == kind.kind) {
-                            Some(k) if group_ok => state.kinds.push(k),
-                            _ => {
-                                state.unresolved = Some((
-                                    "InvalidRouteKinds",
-                                    format!(
-                                        "route kind {} is not supported on a {} listener",
-                                        kind.kind, listener.protocol
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                }
+                judge_route_kinds(&mut state, protocol);
                 if protocol == Protocol::Https {
-                    for reference in listener.tls.iter().flat_map(|tls| &tls.certificate_refs) {
-                        let namespace = reference.namespace.clone().unwrap_or_else(|| meta.namespace.clone());
-                        let kind = reference.kind.as_deref().unwrap_or("Secret");
-                        let problem = if !is_core(reference.group.as_deref()) || kind != "Secret" {
-                            Some(("InvalidCertificateRef", format!("certificate {} is not a Secret", reference.name)))
-                        } else if namespace != meta.namespace
-                            && !granted(inputs, "Gateway", &meta.namespace, "Secret", &namespace, &reference.name)
-                        {
-                            Some((
-                                "RefNotPermitted",
-                                format!(
-                                    "no ReferenceGrant lets this Gateway use Secret {namespace}/{}",
-                                    reference.name
-                                ),
-                            ))
-                        } else {
-                            match inputs.secrets.get(&(namespace.clone(), reference.name.clone())) {
-                                Some(secret)
-                                    if secret.data.contains_key("tls.crt") && secret.data.contains_key("tls.key") =>
-                                {
-                                    None
-                                }
-                                Some(_) => Some((
-                                    "InvalidCertificateRef",
-                                    format!("Secret {namespace}/{} holds no certificate and key", reference.name),
-                                )),
-                                None => Some((
-                                    "InvalidCertificateRef",
-                                    format!("Secret {namespace}/{} does not exist", reference.name),
-                                )),
-                            }
-                        };
-                        match problem {
-                            Some(problem) => state.unresolved = Some(problem),
-                            None => state.certificates.push(SecretKey { namespace, name: reference.name.clone() }),
-                        }
-                    }
-                    if state.certificates.is_empty() && state.refused.is_none() {
-                        state.refused = Some(("Invalid", "no usable certificate".into()));
-                        state.unresolved.get_or_insert(("InvalidCertificateRef", "no certificate".into()));
-                    }
+                    judge_certificates(inputs, &gateway.metadata.namespace, &mut state);
                 }
             }
-            if state.refused.is_none()
-                && let Some(protocol) = state.protocol
-            {
-                match ports.get_mut(&state.port) {
-                    Some((taken, _)) if *taken != protocol => {
-                        state.conflict =
-                            Some(("ProtocolConflict", format!("port {} serves another protocol", state.port)));
-                    }
-                    Some((_, hosts)) if protocol == Protocol::Tcp || hosts.contains(&state.hostname) => {
-                        state.conflict = Some((
-                            "HostnameConflict",
-                            format!("another listener on port {} serves this hostname", state.port),
-                        ));
-                    }
-                    Some((_, hosts)) => hosts.push(state.hostname.clone()),
-                    None => {
-                        ports.insert(state.port, (protocol, vec![state.hostname.clone()]));
-                    }
-                }
-            }
+            claim_port(&mut ports, &mut state);
             states.push(state);
         }
     }
     states
+}
+
+/// A listener's protocol, name, port and hostname, judged on their own.
+fn judge_listener<'a>(
+    settings: &GatewaySettings,
+    index: usize,
+    gateway: &Gateway,
+    listener: &'a Listener,
+) -> ListenerState<'a> {
+    let meta = &gateway.metadata;
+    let mut state = ListenerState {
+        gateway: index,
+        listener,
+        id: format!("{}_{}_{}", meta.namespace, meta.name, listener.name),
+        port: u16::try_from(listener.port).unwrap_or(0),
+        hostname: listener.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
+        protocol: None,
+        kinds: Vec::new(),
+        certificates: Vec::new(),
+        refused: None,
+        unresolved: None,
+        conflict: None,
+        attached: 0,
+    };
+    let mode = listener.tls.as_ref().and_then(|tls| tls.mode.clone()).unwrap_or_else(|| "Terminate".into());
+    state.protocol = match (listener.protocol.as_str(), mode.as_str()) {
+        ("HTTP", _) => Some(Protocol::Http),
+        ("HTTPS", "Terminate") => Some(Protocol::Https),
+        ("TLS", "Passthrough") => Some(Protocol::TlsPassthrough),
+        ("TCP", _) => Some(Protocol::Tcp),
+        ("HTTPS", _) | ("TLS", _) => {
+            let why = format!("protocol {} with TLS mode {mode} is not supported", listener.protocol);
+            state.refused = Some(("UnsupportedValue", why));
+            None
+        }
+        (other, _) => {
+            state.refused = Some(("UnsupportedProtocol", format!("protocol {other} is not supported")));
+            None
+        }
+    };
+    if !(plain(&meta.namespace) && plain(&meta.name) && plain(&listener.name)) {
+        state.refused = Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
+    }
+    // The shared port takes HTTP listeners only; other reserved ports take none.
+    let taken = if settings.shared_http_port == Some(state.port) {
+        state.protocol != Some(Protocol::Http)
+    } else {
+        settings.reserved_ports.contains(&state.port)
+    };
+    if state.port == 0 || taken {
+        let why = format!("port {} is taken by the rest of the configuration", listener.port);
+        state.refused = Some(("PortUnavailable", why));
+    }
+    if let Some(host) = &state.hostname
+        && !valid_hostname(host)
+    {
+        state.refused = Some(("UnsupportedValue", "the hostname cannot be served".into()));
+    }
+    state
+}
+
+/// The route kinds a listener allows: those it asks for that its protocol takes.
+fn judge_route_kinds(state: &mut ListenerState<'_>, protocol: Protocol) {
+    let listener = state.listener;
+    let allowed = default_kinds(protocol);
+    let asked = listener.allowed_routes.as_ref().map(|a| a.kinds.clone()).unwrap_or_default();
+    if asked.is_empty() {
+        state.kinds = allowed;
+        return;
+    }
+    for kind in &asked {
+        let group_ok = kind.group.as_deref().is_none_or(|g| g == GROUP);
+        match allowed.iter().find(|k| **k == kind.kind) {
+            Some(k) if group_ok => state.kinds.push(k),
+            _ => {
+                let why = format!("route kind {} is not supported on a {} listener", kind.kind, listener.protocol);
+                state.unresolved = Some(("InvalidRouteKinds", why));
+            }
+        }
+    }
+}
+
+/// An HTTPS listener's certificates: each usable one kept, the last problem reported; none
+/// usable refuses the listener.
+fn judge_certificates(inputs: &Inputs, gateway_namespace: &str, state: &mut ListenerState<'_>) {
+    for reference in state.listener.tls.iter().flat_map(|tls| &tls.certificate_refs) {
+        let namespace = reference.namespace.clone().unwrap_or_else(|| gateway_namespace.to_owned());
+        let kind = reference.kind.as_deref().unwrap_or("Secret");
+        let name = &reference.name;
+        let problem = if !is_core(reference.group.as_deref()) || kind != "Secret" {
+            Some(("InvalidCertificateRef", format!("certificate {name} is not a Secret")))
+        } else if namespace != gateway_namespace
+            && !granted(inputs, "Gateway", gateway_namespace, "Secret", &namespace, name)
+        {
+            Some(("RefNotPermitted", format!("no ReferenceGrant lets this Gateway use Secret {namespace}/{name}")))
+        } else {
+            match inputs.secrets.get(&(namespace.clone(), name.clone())) {
+                Some(secret) if secret.data.contains_key("tls.crt") && secret.data.contains_key("tls.key") => None,
+                Some(_) => {
+                    Some(("InvalidCertificateRef", format!("Secret {namespace}/{name} holds no certificate and key")))
+                }
+                None => Some(("InvalidCertificateRef", format!("Secret {namespace}/{name} does not exist"))),
+            }
+        };
+        match problem {
+            Some(problem) => state.unresolved = Some(problem),
+            None => state.certificates.push(SecretKey { namespace, name: name.clone() }),
+        }
+    }
+    if state.certificates.is_empty() && state.refused.is_none() {
+        state.refused = Some(("Invalid", "no usable certificate".into()));
+        state.unresolved.get_or_insert(("InvalidCertificateRef", "no certificate".into()));
+    }
+}
+
+/// Claims a servable listener's port and hostname, or marks it conflicted with one before it.
+fn claim_port(ports: &mut BTreeMap<u16, (Protocol, Vec<Option<String>>)>, state: &mut ListenerState<'_>) {
+    let (None, Some(protocol)) = (&state.refused, state.protocol) else { return };
+    match ports.get_mut(&state.port) {
+        Some((taken, _)) if *taken != protocol => {
+            state.conflict = Some(("ProtocolConflict", format!("port {} serves another protocol", state.port)));
+        }
+        Some((_, hosts)) if protocol == Protocol::Tcp || hosts.contains(&state.hostname) => {
+            let why = format!("another listener on port {} serves this hostname", state.port);
+            state.conflict = Some(("HostnameConflict", why));
+        }
+        Some((_, hosts)) => hosts.push(state.hostname.clone()),
+        None => {
+            ports.insert(state.port, (protocol, vec![state.hostname.clone()]));
+        }
+    }
 }
 
 /// A backend reference, resolved.
@@ -506,72 +507,7 @@ fn rule_target(
     let mut needs_own = tcp || ctx.kind == GRPC_ROUTE;
     for filter in &rule.filters {
         needs_own = true;
-        match filter.kind.as_str() {
-            "RequestHeaderModifier" | "ResponseHeaderModifier" => {
-                let (modifier, changes) = if filter.kind == "RequestHeaderModifier" {
-                    (filter.request_header_modifier.as_ref(), &mut own.request_headers)
-                } else {
-                    (filter.response_header_modifier.as_ref(), &mut own.response_headers)
-                };
-                let modifier = modifier.ok_or("a header filter has no settings")?;
-                *changes = header_changes(modifier)?;
-            }
-            "RequestRedirect" => {
-                let redirect = filter.request_redirect.as_ref().ok_or("a redirect has no settings")?;
-                let code = redirect.status_code.unwrap_or(302);
-                if ![301, 302, 303, 307, 308].contains(&code) {
-                    return Err(format!("redirect status {code} is not supported"));
-                }
-                if let Some(host) = &redirect.hostname
-                    && !valid_hostname(host)
-                {
-                    return Err("the redirect's hostname cannot be served".into());
-                }
-                let scheme = redirect.scheme.clone();
-                if scheme.as_deref().is_some_and(|s| s != "http" && s != "https") {
-                    return Err("the redirect's scheme is not http or https".into());
-                }
-                own.redirect = Some(RedirectModel {
-                    scheme,
-                    hostname: redirect.hostname.clone(),
-                    port: redirect.port.and_then(|p| u16::try_from(p).ok()),
-                    path: redirect.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?,
-                    code: code as u16,
-                });
-            }
-            "URLRewrite" => {
-                let rewrite = filter.url_rewrite.as_ref().ok_or("a rewrite has no settings")?;
-                if let Some(host) = &rewrite.hostname {
-                    if !valid_hostname(host) {
-                        return Err("the rewrite's hostname cannot be served".into());
-                    }
-                    own.rewrite_host = Some(host.clone());
-                }
-                own.rewrite_path = rewrite.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?;
-            }
-            "RequestMirror" => {
-                // Copies go out from the pod itself, without waiting (the library's gw-mirror.lua),
-                // to the mirror Service's shared backend.
-                let mirror = filter.request_mirror.as_ref().ok_or("a mirror has no settings")?;
-                match resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref) {
-                    Resolved::Service { namespace, name, port, .. } => {
-                        own.mirror = Some(service_target(&namespace, &name, port));
-                    }
-                    Resolved::Invalid(reason, message) => {
-                        unresolved.get_or_insert((reason, message));
-                    }
-                }
-                own.mirror_share = match (&mirror.percent, &mirror.fraction) {
-                    (Some(percent), _) => ((*percent).clamp(0, 100) * 100) as u32,
-                    (None, Some(fraction)) => {
-                        let denominator = fraction.denominator.unwrap_or(100).max(1);
-                        (fraction.numerator.clamp(0, denominator) * 10_000 / denominator) as u32
-                    }
-                    (None, None) => 10_000,
-                };
-            }
-            other => return Err(format!("filter {other} is not supported")),
-        }
+        apply_filter(inputs, ctx, filter, matches, &mut own, unresolved)?;
     }
     if let Some(timeouts) = &rule.timeouts {
         let chosen = timeouts.backend_request.as_deref().or(timeouts.request.as_deref());
@@ -622,6 +558,85 @@ fn rule_target(
     }
     own.refs = valid;
     Ok(RuleTarget { backend: name, own: Some(own), shared: None })
+}
+
+/// What one filter of a rule asks of the rule's own backend.
+fn apply_filter(
+    inputs: &Inputs,
+    ctx: &RouteContext<'_>,
+    filter: &resources::Filter,
+    matches: &[Match],
+    own: &mut RuleBackend,
+    unresolved: &mut Option<(&'static str, String)>,
+) -> Result<(), String> {
+    let meta = &ctx.route.metadata;
+    match filter.kind.as_str() {
+        "RequestHeaderModifier" | "ResponseHeaderModifier" => {
+            let (modifier, changes) = if filter.kind == "RequestHeaderModifier" {
+                (filter.request_header_modifier.as_ref(), &mut own.request_headers)
+            } else {
+                (filter.response_header_modifier.as_ref(), &mut own.response_headers)
+            };
+            let modifier = modifier.ok_or("a header filter has no settings")?;
+            *changes = header_changes(modifier)?;
+        }
+        "RequestRedirect" => {
+            let redirect = filter.request_redirect.as_ref().ok_or("a redirect has no settings")?;
+            let code = redirect.status_code.unwrap_or(302);
+            if ![301, 302, 303, 307, 308].contains(&code) {
+                return Err(format!("redirect status {code} is not supported"));
+            }
+            if let Some(host) = &redirect.hostname
+                && !valid_hostname(host)
+            {
+                return Err("the redirect's hostname cannot be served".into());
+            }
+            let scheme = redirect.scheme.clone();
+            if scheme.as_deref().is_some_and(|s| s != "http" && s != "https") {
+                return Err("the redirect's scheme is not http or https".into());
+            }
+            own.redirect = Some(RedirectModel {
+                scheme,
+                hostname: redirect.hostname.clone(),
+                port: redirect.port.and_then(|p| u16::try_from(p).ok()),
+                path: redirect.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?,
+                code: code as u16,
+            });
+        }
+        "URLRewrite" => {
+            let rewrite = filter.url_rewrite.as_ref().ok_or("a rewrite has no settings")?;
+            if let Some(host) = &rewrite.hostname {
+                if !valid_hostname(host) {
+                    return Err("the rewrite's hostname cannot be served".into());
+                }
+                own.rewrite_host = Some(host.clone());
+            }
+            own.rewrite_path = rewrite.path.as_ref().map(|p| path_rewrite(p, matches)).transpose()?;
+        }
+        "RequestMirror" => {
+            // Copies go out from the pod itself, without waiting (the library's gw-mirror.lua),
+            // to the mirror Service's shared backend.
+            let mirror = filter.request_mirror.as_ref().ok_or("a mirror has no settings")?;
+            match resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref) {
+                Resolved::Service { namespace, name, port, .. } => {
+                    own.mirror = Some(service_target(&namespace, &name, port));
+                }
+                Resolved::Invalid(reason, message) => {
+                    unresolved.get_or_insert((reason, message));
+                }
+            }
+            own.mirror_share = match (&mirror.percent, &mirror.fraction) {
+                (Some(percent), _) => ((*percent).clamp(0, 100) * 100) as u32,
+                (None, Some(fraction)) => {
+                    let denominator = fraction.denominator.unwrap_or(100).max(1);
+                    (fraction.numerator.clamp(0, denominator) * 10_000 / denominator) as u32
+                }
+                (None, None) => 10_000,
+            };
+        }
+        other => return Err(format!("filter {other} is not supported")),
+    }
+    Ok(())
 }
 
 fn header_changes(modifier: &resources::HeaderModifier) -> Result<HeaderChanges, String> {
@@ -714,6 +729,31 @@ struct Attachment {
 /// Builds the model and every status from the watched objects.
 pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     let mut model = Model::default();
+    let classes = served_classes(settings, inputs, &mut model.status);
+    let gateways = gateways_in_order(inputs, &classes);
+    let mut listeners = judge_listeners(settings, inputs, &gateways);
+    let mut frontends = frontends_of(settings, &listeners);
+    let mut tables = RouteTables::default();
+    for ctx in &routes_in_order(inputs) {
+        let Some((status, attached)) = attach_route(inputs, ctx, &gateways, &listeners) else { continue };
+        model.status.push(status);
+        let Some((targets, attachments)) = attached else { continue };
+        for attachment in &attachments {
+            listeners[attachment.listener].attached += 1;
+        }
+        tables.add_route(ctx, targets, &attachments, &listeners, &mut frontends);
+    }
+    tables.finish(&mut model, frontends);
+    model.status.extend(gateway_statuses(settings, inputs, &gateways, &listeners));
+    model
+}
+
+/// The classes of this controller, each with its Accepted status.
+fn served_classes<'a>(
+    settings: &GatewaySettings,
+    inputs: &'a Inputs,
+    statuses: &mut Vec<ObjectStatus>,
+) -> BTreeSet<&'a str> {
     let classes: BTreeSet<&str> = inputs
         .classes
         .iter()
@@ -721,7 +761,7 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
         .map(|class| class.metadata.name.as_str())
         .collect();
     for class in inputs.classes.iter().filter(|c| classes.contains(c.metadata.name.as_str())) {
-        model.status.push(ObjectStatus {
+        statuses.push(ObjectStatus {
             kind: "GatewayClass",
             namespace: String::new(),
             name: class.metadata.name.clone(),
@@ -729,6 +769,11 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
             body: Body::Class(vec![Condition::yes("Accepted", "Accepted", "haptic serves this class")]),
         });
     }
+    classes
+}
+
+/// The Gateways of these classes, oldest first (the spec's tie-break).
+fn gateways_in_order<'a>(inputs: &'a Inputs, classes: &BTreeSet<&str>) -> Vec<&'a Gateway> {
     let mut gateways: Vec<&Gateway> =
         inputs.gateways.iter().filter(|g| classes.contains(g.spec.gateway_class_name.as_str())).collect();
     gateways.sort_by(|a, b| {
@@ -738,8 +783,11 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
             &b.metadata.name,
         ))
     });
-    let mut listeners = judge_listeners(settings, inputs, &gateways);
+    gateways
+}
 
+/// One frontend per port of the served listeners, its listeners most specific first.
+fn frontends_of(settings: &GatewaySettings, listeners: &[ListenerState<'_>]) -> BTreeMap<u16, Frontend> {
     let mut frontends: BTreeMap<u16, Frontend> = BTreeMap::new();
     for state in listeners.iter().filter(|s| s.served()) {
         let Some(protocol) = state.protocol else { continue };
@@ -770,8 +818,11 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     for frontend in frontends.values_mut() {
         frontend.listeners.sort_by_key(|l| std::cmp::Reverse(hostnames::specificity(l.hostname.as_deref())));
     }
+    frontends
+}
 
-    // Routes, oldest first (the spec's tie-break), each kind in turn.
+/// Every route, oldest first (the spec's tie-break), each kind in turn.
+fn routes_in_order(inputs: &Inputs) -> Vec<RouteContext<'_>> {
     let mut routes: Vec<RouteContext<'_>> = Vec::new();
     for (kind, list) in [
         (HTTP_ROUTE, &inputs.http_routes),
@@ -794,187 +845,228 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     for (order, route) in routes.iter_mut().enumerate() {
         route.order = order;
     }
+    routes
+}
 
-    let mut exact: BTreeMap<u16, BTreeMap<String, String>> = BTreeMap::new();
-    let mut prefix: BTreeMap<u16, BTreeMap<String, String>> = BTreeMap::new();
-    let mut conditional: BTreeMap<u16, Vec<RankedRule>> = BTreeMap::new();
-    let mut shared: BTreeSet<ServiceTarget> = BTreeSet::new();
-    let mut own: BTreeMap<String, RuleBackend> = BTreeMap::new();
-    let mut uses_invalid = false;
+/// Where a route's rules go and the listeners it attaches to, when it is served.
+type Attached = (Vec<(RuleTarget, Vec<Match>)>, Vec<Attachment>);
 
-    for ctx in &routes {
-        let meta = &ctx.route.metadata;
-        let mut parents = Vec::new();
-        let mut attachments: Vec<Attachment> = Vec::new();
-        for parent in &ctx.route.spec.parent_refs {
-            if parent.group.as_deref().is_some_and(|g| g != GROUP)
-                || parent.kind.as_deref().is_some_and(|k| k != "Gateway")
-            {
-                continue;
-            }
-            let namespace = parent.namespace.clone().unwrap_or_else(|| meta.namespace.clone());
-            let Some(gateway) =
-                gateways.iter().position(|g| g.metadata.namespace == namespace && g.metadata.name == parent.name)
-            else {
-                continue;
-            };
-            let (accepted, reason) =
-                attach(inputs, ctx, gateways[gateway], gateway, parent, &listeners, &mut attachments);
-            let condition = if accepted {
-                Condition::yes("Accepted", "Accepted", "attached")
-            } else {
-                Condition::no("Accepted", reason.0, reason.1)
-            };
-            parents.push((parent.clone(), condition));
-        }
-        if parents.is_empty() {
+/// A route's status towards the Gateways of this controller it names (`None` when it names
+/// none), and, when its rules can be served, where they go.
+fn attach_route(
+    inputs: &Inputs,
+    ctx: &RouteContext<'_>,
+    gateways: &[&Gateway],
+    listeners: &[ListenerState<'_>],
+) -> Option<(ObjectStatus, Option<Attached>)> {
+    let meta = &ctx.route.metadata;
+    let mut parents = Vec::new();
+    let mut attachments: Vec<Attachment> = Vec::new();
+    for parent in &ctx.route.spec.parent_refs {
+        if parent.group.as_deref().is_some_and(|g| g != GROUP) || parent.kind.as_deref().is_some_and(|k| k != "Gateway")
+        {
             continue;
         }
-        let mut unresolved = None;
-        let targets = rule_targets(inputs, ctx, &mut unresolved);
-        let refused = targets.as_ref().err().cloned();
-        let resolved = match &unresolved {
-            Some((reason, message)) => Condition::no("ResolvedRefs", reason, message.clone()),
-            None => Condition::yes("ResolvedRefs", "ResolvedRefs", "every reference resolved"),
+        let namespace = parent.namespace.clone().unwrap_or_else(|| meta.namespace.clone());
+        let Some(gateway) =
+            gateways.iter().position(|g| g.metadata.namespace == namespace && g.metadata.name == parent.name)
+        else {
+            continue;
         };
-        let parent_statuses = parents
-            .into_iter()
-            .map(|(parent_ref, accepted)| {
-                let accepted = match (&refused, accepted.status) {
-                    (Some(why), true) => Condition::no("Accepted", "UnsupportedValue", why.clone()),
-                    _ => accepted,
-                };
-                ParentStatus { parent_ref, conditions: vec![accepted, resolved.clone()] }
-            })
-            .collect();
-        model.status.push(ObjectStatus {
-            kind: ctx.kind,
-            namespace: meta.namespace.clone(),
-            name: meta.name.clone(),
-            generation: meta.generation,
-            body: Body::Route(parent_statuses),
-        });
-        let Ok(targets) = targets else { continue };
-        for attachment in &attachments {
-            listeners[attachment.listener].attached += 1;
-        }
+        let (accepted, reason) = attach(inputs, ctx, gateways[gateway], gateway, parent, listeners, &mut attachments);
+        let condition = if accepted {
+            Condition::yes("Accepted", "Accepted", "attached")
+        } else {
+            Condition::no("Accepted", reason.0, reason.1)
+        };
+        parents.push((parent.clone(), condition));
+    }
+    if parents.is_empty() {
+        return None;
+    }
+    let mut unresolved = None;
+    let targets = rule_targets(inputs, ctx, &mut unresolved);
+    let refused = targets.as_ref().err().cloned();
+    let resolved = match &unresolved {
+        Some((reason, message)) => Condition::no("ResolvedRefs", reason, message.clone()),
+        None => Condition::yes("ResolvedRefs", "ResolvedRefs", "every reference resolved"),
+    };
+    let parent_statuses = parents
+        .into_iter()
+        .map(|(parent_ref, accepted)| {
+            let accepted = match (&refused, accepted.status) {
+                (Some(why), true) => Condition::no("Accepted", "UnsupportedValue", why.clone()),
+                _ => accepted,
+            };
+            ParentStatus { parent_ref, conditions: vec![accepted, resolved.clone()] }
+        })
+        .collect();
+    let status = ObjectStatus {
+        kind: ctx.kind,
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
+        generation: meta.generation,
+        body: Body::Route(parent_statuses),
+    };
+    Some((status, targets.ok().map(|targets| (targets, attachments))))
+}
+
+/// The routing tables the attached routes fill, per port, and the backends they use.
+#[derive(Default)]
+struct RouteTables {
+    exact: BTreeMap<u16, BTreeMap<String, String>>,
+    prefix: BTreeMap<u16, BTreeMap<String, String>>,
+    conditional: BTreeMap<u16, Vec<RankedRule>>,
+    shared: BTreeSet<ServiceTarget>,
+    own: BTreeMap<String, RuleBackend>,
+    uses_invalid: bool,
+}
+
+impl RouteTables {
+    /// Adds every rule of an attached route on every listener it attached to.
+    fn add_route(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        targets: Vec<(RuleTarget, Vec<Match>)>,
+        attachments: &[Attachment],
+        listeners: &[ListenerState<'_>],
+        frontends: &mut BTreeMap<u16, Frontend>,
+    ) {
         for (rule_index, (target, matches)) in targets.into_iter().enumerate() {
-            let mut used = false;
-            for attachment in &attachments {
+            for attachment in attachments {
                 let listener = &listeners[attachment.listener];
-                let port = listener.port;
-                used = true;
                 match ctx.kind {
                     TCP_ROUTE => {
-                        if let Some(frontend) = frontends.get_mut(&port) {
+                        if let Some(frontend) = frontends.get_mut(&listener.port) {
                             frontend.tcp_backend.get_or_insert_with(|| target.backend.clone());
                         }
                     }
+                    TLS_ROUTE if rule_index > 0 => {}
                     TLS_ROUTE => {
-                        if rule_index > 0 {
-                            continue;
-                        }
                         for host in &attachment.hosts {
                             let key = format!("{}|{}", listener.id, host.as_deref().unwrap_or(""));
-                            exact
-                                .entry(port)
-                                .or_default()
-                                .entry(key)
-                                .or_insert_with(|| format!("0:{}", target.backend));
+                            let entries = self.exact.entry(listener.port).or_default();
+                            entries.entry(key).or_insert_with(|| format!("0:{}", target.backend));
                         }
                     }
                     _ => {
                         for host in &attachment.hosts {
                             for (match_index, m) in matches.iter().enumerate() {
-                                let value_rank = rank(host.as_deref(), m);
-                                let value = format!("{value_rank}:{}", target.backend);
-                                let host_text = host.as_deref().unwrap_or("");
-                                let simple = m.method.is_none() && m.headers.is_empty() && m.query.is_empty();
-                                let prefix_key = format!("{}/", m.path.trim_end_matches('/'));
-                                match (m.path_kind, simple) {
-                                    ("exact", true) => {
-                                        let key = format!("{}|{host_text}{}", listener.id, m.path);
-                                        exact.entry(port).or_default().entry(key).or_insert(value);
-                                    }
-                                    ("prefix", true) => {
-                                        let key = format!("{}|{host_text}{prefix_key}", listener.id);
-                                        prefix.entry(port).or_default().entry(key).or_insert(value);
-                                    }
-                                    _ => {
-                                        let rule = ConditionalRule {
-                                            listener: listener.id.clone(),
-                                            host: host.clone(),
-                                            host_kind: HostKind::of(host.as_deref()),
-                                            suffix: host.as_ref().and_then(|h| h.strip_prefix('*')).map(str::to_owned),
-                                            path_kind: m.path_kind,
-                                            path: m.path.clone(),
-                                            prefix_key,
-                                            method: m.method.clone(),
-                                            headers: m.headers.clone(),
-                                            query: m.query.clone(),
-                                            value,
-                                            rank: value_rank,
-                                        };
-                                        conditional.entry(port).or_default().push((
-                                            value_rank,
-                                            ctx.order,
-                                            rule_index,
-                                            match_index,
-                                            rule,
-                                        ));
-                                    }
-                                }
+                                let order = (ctx.order, rule_index, match_index);
+                                self.add_http_match(listener, host, m, &target.backend, order);
                             }
                         }
                     }
                 }
             }
-            if !used {
+            if attachments.is_empty() {
                 continue;
             }
-            if target.backend == INVALID_BACKEND {
-                uses_invalid = true;
+            self.uses(target);
+        }
+    }
+
+    /// One match of an HTTP or gRPC rule on one listener and host: a map entry when only its
+    /// path decides, a conditional rule otherwise.
+    fn add_http_match(
+        &mut self,
+        listener: &ListenerState<'_>,
+        host: &Option<String>,
+        m: &Match,
+        backend: &str,
+        (route_order, rule_index, match_index): (usize, usize, usize),
+    ) {
+        let port = listener.port;
+        let value_rank = rank(host.as_deref(), m);
+        let value = format!("{value_rank}:{backend}");
+        let host_text = host.as_deref().unwrap_or("");
+        let simple = m.method.is_none() && m.headers.is_empty() && m.query.is_empty();
+        let prefix_key = format!("{}/", m.path.trim_end_matches('/'));
+        match (m.path_kind, simple) {
+            ("exact", true) => {
+                let key = format!("{}|{host_text}{}", listener.id, m.path);
+                self.exact.entry(port).or_default().entry(key).or_insert(value);
             }
-            if let Some(target) = target.shared {
-                shared.insert(target);
+            ("prefix", true) => {
+                let key = format!("{}|{host_text}{prefix_key}", listener.id);
+                self.prefix.entry(port).or_default().entry(key).or_insert(value);
             }
-            if let Some(backend) = target.own {
-                if let Some(mirror) = &backend.mirror {
-                    shared.insert(mirror.clone());
-                }
-                own.entry(backend.name.clone()).or_insert(backend);
+            _ => {
+                let rule = ConditionalRule {
+                    listener: listener.id.clone(),
+                    host: host.clone(),
+                    host_kind: HostKind::of(host.as_deref()),
+                    suffix: host.as_ref().and_then(|h| h.strip_prefix('*')).map(str::to_owned),
+                    path_kind: m.path_kind,
+                    path: m.path.clone(),
+                    prefix_key,
+                    method: m.method.clone(),
+                    headers: m.headers.clone(),
+                    query: m.query.clone(),
+                    value,
+                    rank: value_rank,
+                };
+                let ranked = (value_rank, route_order, rule_index, match_index, rule);
+                self.conditional.entry(port).or_default().push(ranked);
             }
         }
     }
 
-    for (port, frontend) in &mut frontends {
-        frontend.exact_entries =
-            exact.remove(port).unwrap_or_default().into_iter().map(|(key, value)| MapEntry { key, value }).collect();
-        frontend.prefix_entries =
-            prefix.remove(port).unwrap_or_default().into_iter().map(|(key, value)| MapEntry { key, value }).collect();
-        let mut rules = conditional.remove(port).unwrap_or_default();
-        rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
-        frontend.conditional = rules.into_iter().map(|(.., rule)| rule).collect();
+    /// Notes the backends a served rule uses.
+    fn uses(&mut self, target: RuleTarget) {
+        if target.backend == INVALID_BACKEND {
+            self.uses_invalid = true;
+        }
+        if let Some(target) = target.shared {
+            self.shared.insert(target);
+        }
+        if let Some(backend) = target.own {
+            if let Some(mirror) = &backend.mirror {
+                self.shared.insert(mirror.clone());
+            }
+            self.own.entry(backend.name.clone()).or_insert(backend);
+        }
     }
-    if uses_invalid {
-        own.insert(
-            INVALID_BACKEND.into(),
-            RuleBackend {
+
+    /// Puts the tables into the frontends and the model.
+    fn finish(mut self, model: &mut Model, mut frontends: BTreeMap<u16, Frontend>) {
+        for (port, frontend) in &mut frontends {
+            let entries = |table: Option<BTreeMap<String, String>>| {
+                table.unwrap_or_default().into_iter().map(|(key, value)| MapEntry { key, value }).collect()
+            };
+            frontend.exact_entries = entries(self.exact.remove(port));
+            frontend.prefix_entries = entries(self.prefix.remove(port));
+            let mut rules = self.conditional.remove(port).unwrap_or_default();
+            rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+            frontend.conditional = rules.into_iter().map(|(.., rule)| rule).collect();
+        }
+        if self.uses_invalid {
+            let invalid = RuleBackend {
                 name: INVALID_BACKEND.into(),
                 mode: "http",
                 fixed_status: Some(500),
                 ..RuleBackend::default()
-            },
-        );
+            };
+            self.own.insert(INVALID_BACKEND.into(), invalid);
+        }
+        model.frontends = frontends.into_values().collect();
+        model.service_backends = self.shared.into_iter().collect();
+        model.rule_backends = self.own.into_values().collect();
     }
-    model.frontends = frontends.into_values().collect();
-    model.service_backends = shared.into_iter().collect();
-    model.rule_backends = own.into_values().collect();
+}
 
+/// Each Gateway's status: its conditions, addresses and listeners.
+fn gateway_statuses(
+    settings: &GatewaySettings,
+    inputs: &Inputs,
+    gateways: &[&Gateway],
+    listeners: &[ListenerState<'_>],
+) -> Vec<ObjectStatus> {
     let addresses = if settings.addresses.is_empty() { inputs.pod_ips.clone() } else { settings.addresses.clone() };
+    let mut statuses = Vec::new();
     for (index, gateway) in gateways.iter().enumerate() {
         let mine: Vec<&ListenerState<'_>> = listeners.iter().filter(|l| l.gateway == index).collect();
-        let statuses: Vec<ListenerStatus> = mine.iter().map(|l| listener_status(l)).collect();
+        let listener_statuses: Vec<ListenerStatus> = mine.iter().map(|l| listener_status(l)).collect();
         let served = mine.iter().filter(|l| l.served()).count();
         let conditions = if served == mine.len() {
             vec![
@@ -992,15 +1084,15 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
                 Condition::no("Programmed", "Invalid", "nothing to serve"),
             ]
         };
-        model.status.push(ObjectStatus {
+        statuses.push(ObjectStatus {
             kind: "Gateway",
             namespace: gateway.metadata.namespace.clone(),
             name: gateway.metadata.name.clone(),
             generation: gateway.metadata.generation,
-            body: Body::Gateway { conditions, addresses: addresses.clone(), listeners: statuses },
+            body: Body::Gateway { conditions, addresses: addresses.clone(), listeners: listener_statuses },
         });
     }
-    model
+    statuses
 }
 
 fn listener_status(state: &ListenerState<'_>) -> ListenerStatus {

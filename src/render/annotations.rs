@@ -523,56 +523,14 @@ fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
                 .ok_or_else(|| format!("the value is not one of {}", allowed.join(", ")))?;
             safe((*found).to_owned())
         }
-        Kind::Cidrs => {
-            let networks = value
-                .split([',', ' ', '\n'])
-                .filter(|item| !item.trim().is_empty())
-                .map(|item| filters::cidr(item).map(safe).map_err(text_error))
-                .collect::<Result<Vec<_>, _>>()?;
-            if networks.is_empty() {
-                return Err("the value names no address or network".into());
-            }
-            Value::from(networks)
-        }
-        Kind::SecretName => {
-            let name = value.rsplit('/').next().unwrap_or_default();
-            let dns_label = |part: &str| {
-                !part.is_empty()
-                    && part.len() <= 253
-                    && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-                    && part.starts_with(|c: char| c.is_ascii_alphanumeric())
-                    && part.ends_with(|c: char| c.is_ascii_alphanumeric())
-            };
-            if !dns_label(name) || value.split('/').count() > 2 || !value.split('/').all(dns_label) {
-                return Err("the value is not a Secret name (name or namespace/name)".into());
-            }
-            Value::from(value)
-        }
-        Kind::Token => {
-            let token = |c: char| c.is_ascii_alphanumeric() || "!#$&'*+-.^_`|~".contains(c);
-            if value.is_empty() || value.len() > 64 || !value.chars().all(token) || value.contains('\'') {
-                return Err("the value is not a cookie name (letters, digits, !#$&*+-.^_`|~; 64 at most)".into());
-            }
-            safe(value.to_owned())
-        }
+        Kind::Cidrs => check_cidrs(value)?,
+        Kind::SecretName => check_secret_name(value)?,
+        Kind::Token => check_token(value)?,
         // Printed where HAProxy reads log-format text too (set-path, redirect location), where
         // a % would start an expression: paths in annotations are taken without any.
         Kind::Path if value.contains('%') => return Err("the value holds a %, which paths here may not".into()),
         Kind::Path => safe(filters::url_path(value).map_err(text_error)?),
-        Kind::Url => {
-            let rest = value
-                .strip_prefix("https://")
-                .or_else(|| value.strip_prefix("http://"))
-                .ok_or("the value is not an http:// or https:// URL")?;
-            let (authority, path) = rest.find('/').map_or((rest, "/"), |at| (&rest[..at], &rest[at..]));
-            host_port(authority)?;
-            let (path_only, query) = path.split_once('?').unwrap_or((path, ""));
-            filters::url_path(path_only).map_err(text_error)?;
-            if query.chars().any(|c| c.is_whitespace() || c == '#' || c == '\'') {
-                return Err("the value's query holds characters a URL does not".into());
-            }
-            safe(filters::log_text(value).map_err(text_error)?)
-        }
+        Kind::Url => check_url(value)?,
         Kind::HostPort => safe(host_port(value)?),
         Kind::Text => {
             // Printed both as a plain word (a realm) and as log-format text (a header): with no
@@ -582,84 +540,152 @@ fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
             }
             safe(filters::haproxy_quote(value).map_err(text_error)?)
         }
-        Kind::TokenList => {
-            let items: Vec<&str> = value.split(',').map(str::trim).filter(|item| !item.is_empty()).collect();
-            let token =
-                |item: &&str| *item == "*" || item.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-            if items.is_empty() || !items.iter().all(token) {
-                return Err("the value is not a comma-separated list of names".into());
-            }
-            safe(filters::log_text(&items.join(", ")).map_err(text_error)?)
-        }
-        Kind::Headers => {
-            let mut headers = Vec::new();
-            for line in value.lines().map(str::trim).filter(|line| !line.is_empty()) {
-                let (name, rest) = line
-                    .split_once(':')
-                    .filter(|(name, _)| !name.contains(' '))
-                    .or_else(|| line.split_once(' '))
-                    .ok_or("a line is not a header name and value")?;
-                let (name, rest) = (name.trim(), rest.trim());
-                header_name(name)?;
-                if let Some(c) = filters::forbidden_char(rest) {
-                    return Err(format!("a header value holds {}", filters::describe(c)));
-                }
-                headers.push(Value::from(vec![
-                    safe(name.to_ascii_lowercase()),
-                    safe(filters::log_text(rest).map_err(text_error)?),
-                ]));
-            }
-            if headers.is_empty() {
-                return Err("the value holds no header".into());
-            }
-            Value::from(headers)
-        }
-        Kind::HeaderNames => {
-            let names = value
-                .split([',', '\n'])
-                .map(str::trim)
-                .filter(|name| !name.is_empty())
-                .map(|name| header_name(name).map(|()| safe(name.to_ascii_lowercase())))
-                .collect::<Result<Vec<_>, _>>()?;
-            if names.is_empty() {
-                return Err("the value holds no header name".into());
-            }
-            Value::from(names)
-        }
+        Kind::TokenList => check_token_list(value)?,
+        Kind::Headers => check_headers(value)?,
+        Kind::HeaderNames => check_header_names(value)?,
         Kind::Size => {
             if value.eq_ignore_ascii_case("unlimited") || value == "0" {
                 return Ok(None);
             }
             Value::from(size(value).ok_or("the value is not a size such as 10m, 512k or 1g")?)
         }
-        Kind::Rewrite => {
-            let parts: Vec<&str> = value.split_whitespace().collect();
-            let (pattern, replacement) = match parts.as_slice() {
-                [replacement] => ("(.*)", *replacement),
-                [pattern, replacement] => (*pattern, *replacement),
-                _ => return Err("the value is not `replacement` or `regex replacement`".into()),
-            };
-            regex::Regex::new(pattern).map_err(|_| "the pattern is not a regular expression")?;
-            Value::from(vec![
-                safe(filters::haproxy_quote(pattern).map_err(text_error)?),
-                safe(filters::log_text(replacement).map_err(text_error)?),
-            ])
-        }
-        Kind::Snippet => {
-            let mut lines = Vec::new();
-            for line in raw.lines().map(str::trim).filter(|line| !line.is_empty()) {
-                if let Some(c) = filters::forbidden_char(line) {
-                    return Err(format!("a line holds {}", filters::describe(c)));
-                }
-                let first = line.split_whitespace().next().unwrap_or_default();
-                if crate::plan::config::SECTION_KEYWORDS.contains(&first) {
-                    return Err(format!("a line starts a section ({first}); a snippet stays in its backend"));
-                }
-                lines.push(safe(line.to_owned()));
-            }
-            Value::from(lines)
-        }
+        Kind::Rewrite => check_rewrite(value)?,
+        Kind::Snippet => check_snippet(raw)?,
     }))
+}
+
+/// Addresses and networks, separated by commas, spaces or lines.
+fn check_cidrs(value: &str) -> Result<Value, String> {
+    let networks = value
+        .split([',', ' ', '\n'])
+        .filter(|item| !item.trim().is_empty())
+        .map(|item| filters::cidr(item).map(safe).map_err(text_error))
+        .collect::<Result<Vec<_>, _>>()?;
+    if networks.is_empty() {
+        return Err("the value names no address or network".into());
+    }
+    Ok(Value::from(networks))
+}
+
+/// A Secret name, `name` or `namespace/name`.
+fn check_secret_name(value: &str) -> Result<Value, String> {
+    let name = value.rsplit('/').next().unwrap_or_default();
+    let dns_label = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 253
+            && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && part.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && part.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    if !dns_label(name) || value.split('/').count() > 2 || !value.split('/').all(dns_label) {
+        return Err("the value is not a Secret name (name or namespace/name)".into());
+    }
+    Ok(Value::from(value))
+}
+
+/// A cookie name.
+fn check_token(value: &str) -> Result<Value, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$&'*+-.^_`|~".contains(c);
+    if value.is_empty() || value.len() > 64 || !value.chars().all(token) || value.contains('\'') {
+        return Err("the value is not a cookie name (letters, digits, !#$&*+-.^_`|~; 64 at most)".into());
+    }
+    Ok(safe(value.to_owned()))
+}
+
+/// An http:// or https:// URL.
+fn check_url(value: &str) -> Result<Value, String> {
+    let rest = value
+        .strip_prefix("https://")
+        .or_else(|| value.strip_prefix("http://"))
+        .ok_or("the value is not an http:// or https:// URL")?;
+    let (authority, path) = rest.find('/').map_or((rest, "/"), |at| (&rest[..at], &rest[at..]));
+    host_port(authority)?;
+    let (path_only, query) = path.split_once('?').unwrap_or((path, ""));
+    filters::url_path(path_only).map_err(text_error)?;
+    if query.chars().any(|c| c.is_whitespace() || c == '#' || c == '\'') {
+        return Err("the value's query holds characters a URL does not".into());
+    }
+    Ok(safe(filters::log_text(value).map_err(text_error)?))
+}
+
+/// A comma-separated list of names (or `*`).
+fn check_token_list(value: &str) -> Result<Value, String> {
+    let items: Vec<&str> = value.split(',').map(str::trim).filter(|item| !item.is_empty()).collect();
+    let token = |item: &&str| *item == "*" || item.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if items.is_empty() || !items.iter().all(token) {
+        return Err("the value is not a comma-separated list of names".into());
+    }
+    Ok(safe(filters::log_text(&items.join(", ")).map_err(text_error)?))
+}
+
+/// Header lines, `Name: value` or `Name value`.
+fn check_headers(value: &str) -> Result<Value, String> {
+    let mut headers = Vec::new();
+    for line in value.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        let (name, rest) = line
+            .split_once(':')
+            .filter(|(name, _)| !name.contains(' '))
+            .or_else(|| line.split_once(' '))
+            .ok_or("a line is not a header name and value")?;
+        let (name, rest) = (name.trim(), rest.trim());
+        header_name(name)?;
+        if let Some(c) = filters::forbidden_char(rest) {
+            return Err(format!("a header value holds {}", filters::describe(c)));
+        }
+        headers.push(Value::from(vec![
+            safe(name.to_ascii_lowercase()),
+            safe(filters::log_text(rest).map_err(text_error)?),
+        ]));
+    }
+    if headers.is_empty() {
+        return Err("the value holds no header".into());
+    }
+    Ok(Value::from(headers))
+}
+
+/// Header names, separated by commas or lines.
+fn check_header_names(value: &str) -> Result<Value, String> {
+    let names = value
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(|name| header_name(name).map(|()| safe(name.to_ascii_lowercase())))
+        .collect::<Result<Vec<_>, _>>()?;
+    if names.is_empty() {
+        return Err("the value holds no header name".into());
+    }
+    Ok(Value::from(names))
+}
+
+/// `replacement` or `regex replacement`.
+fn check_rewrite(value: &str) -> Result<Value, String> {
+    let parts: Vec<&str> = value.split_whitespace().collect();
+    let (pattern, replacement) = match parts.as_slice() {
+        [replacement] => ("(.*)", *replacement),
+        [pattern, replacement] => (*pattern, *replacement),
+        _ => return Err("the value is not `replacement` or `regex replacement`".into()),
+    };
+    regex::Regex::new(pattern).map_err(|_| "the pattern is not a regular expression")?;
+    Ok(Value::from(vec![
+        safe(filters::haproxy_quote(pattern).map_err(text_error)?),
+        safe(filters::log_text(replacement).map_err(text_error)?),
+    ]))
+}
+
+/// Lines for a backend, none starting a section.
+fn check_snippet(raw: &str) -> Result<Value, String> {
+    let mut lines = Vec::new();
+    for line in raw.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        if let Some(c) = filters::forbidden_char(line) {
+            return Err(format!("a line holds {}", filters::describe(c)));
+        }
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if crate::plan::config::SECTION_KEYWORDS.contains(&first) {
+            return Err(format!("a line starts a section ({first}); a snippet stays in its backend"));
+        }
+        lines.push(safe(line.to_owned()));
+    }
+    Ok(Value::from(lines))
 }
 
 fn header_name(name: &str) -> Result<(), String> {

@@ -905,6 +905,81 @@ pub(crate) fn service_endpoints(service: &Value, port: &Value, slices: &Value) -
     }
 }
 
+/// Adds the default library's functions to `env`; paths it prints are under `dirs`.
+pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::config::DataplaneSettings) {
+    let vetted = |result: Result<String, minijinja::Error>| result.map(Value::from_safe_string);
+    env.add_function("collector", || Value::from_object(super::context::Collector::default()));
+    env.add_function("endpoints", |slices: Value, port_name: Option<Value>| endpoints(&slices, port_name.as_ref()));
+    env.add_function("ingress_routes", |ingress: Value| ingress_routes(&ingress));
+    env.add_function("ingress_tls", |ingress: Value| ingress_tls(&ingress));
+    env.add_function("created_at", |object: Value| object_created(&object));
+    env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
+        super::annotations::ingress_settings(&ingress, snippets.unwrap_or(false), &class_parameters.unwrap_or_default())
+    });
+    env.add_function(
+        "server_slots",
+        |state: &minijinja::State, backend: &str, endpoints: Value, block: Option<usize>, weighted: Option<bool>| {
+            let shared = super::shared_state(state, "server_slots")?;
+            let block = block.unwrap_or(DEFAULT_SLOT_BLOCK);
+            server_slots(&shared, backend, &endpoints, block, weighted.unwrap_or(false))
+        },
+    );
+    env.add_function(
+        "server_lines",
+        |state: &minijinja::State, backend: &str, endpoints: Value, options: Option<Value>, block: Option<usize>| {
+            let shared = super::shared_state(state, "server_lines")?;
+            let block = block.unwrap_or(DEFAULT_SLOT_BLOCK);
+            server_lines(&shared, backend, &endpoints, &options.unwrap_or_default(), block)
+        },
+    );
+    env.add_function("weigh", |groups: Value| weigh(&groups));
+    env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
+        service_endpoints(&service, &port, &slices)
+    });
+    env.add_function("refuse", |object: Value, field: &str, message: &str| -> Result<Value, minijinja::Error> {
+        Err(super::context::refuse(&object, field, message))
+    });
+    env.add_function("basic_auth_users", |secret: Value| basic_auth_users(&secret));
+    env.add_function("tcp_services", |configmap: Value, taken: Option<Vec<u16>>| {
+        tcp_services(&configmap, &taken.unwrap_or_default())
+    });
+    let general_dir = dirs.general_dir.trim_end_matches('/').to_owned();
+    env.add_function("ca_file", move |state: &minijinja::State, secret: Value| {
+        let (name, pem) = ca_bundle(&secret)?;
+        let shared = state.lookup("shared").ok_or_else(|| {
+            minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "ca_file needs the render's shared state")
+        })?;
+        if let Some(shared) = shared.downcast_object_ref::<super::context::Shared>() {
+            shared.add_file(name.clone(), pem);
+        }
+        vetted(super::filters::bare_word(&format!("{general_dir}/{name}")))
+    });
+    let certs_dir = dirs.certs_dir.trim_end_matches('/').to_owned();
+    env.add_function("tls_certificate", move |state: &minijinja::State, secret: Value| {
+        let (name, pem) = tls_certificate(&secret)?;
+        let shared = state.lookup("shared").ok_or_else(|| {
+            minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                "tls_certificate needs the render's shared state",
+            )
+        })?;
+        if let Some(shared) = shared.downcast_object_ref::<super::context::Shared>() {
+            shared.add_cert(name.clone(), pem);
+        }
+        Ok(Value::from_safe_string(format!("{certs_dir}/{name}")))
+    });
+    for (function, dir) in
+        [("map_path", &dirs.maps_dir), ("file_path", &dirs.general_dir), ("cert_path", &dirs.certs_dir)]
+    {
+        let dir = dir.trim_end_matches('/').to_owned();
+        env.add_function(function, move |name: &str| -> Result<Value, minijinja::Error> {
+            super::check_file_name(name)
+                .map_err(|detail| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, detail))?;
+            vetted(super::filters::bare_word(&format!("{dir}/{name}")))
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use minijinja::value::Serde;

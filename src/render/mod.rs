@@ -211,171 +211,95 @@ fn trusted_value(value: &serde_json::Value) -> Value {
     }
 }
 
+/// The template engine with haptic's syntax, formatter and HAProxy-safe filters: what every
+/// configuration's templates run in, before any library is added.
+fn engine() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+    // Every template "auto-escapes" with haptic's formatter: only filtered strings print,
+    // and joining a filtered string to an unfiltered one runs the unfiltered one through
+    // the formatter (minijinja's markup concatenation), which refuses it.
+    env.set_auto_escape_callback(|_| AutoEscape::Custom("haproxy".into()));
+    // Block tags take their own line and indentation with them, so templates can be laid out
+    // readably without leaving blank lines in the output.
+    let syntax = SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(true).build();
+    env.set_syntax(syntax.expect("the default delimiters are valid"));
+    env.set_formatter(|out, _state, value| format_value(out, value));
+    let vetted = |result: Result<String, minijinja::Error>| result.map(Value::from_safe_string);
+    env.add_filter("haproxy_quote", move |value: &str| vetted(filters::haproxy_quote(value)));
+    env.add_filter("log_text", move |value: &str| vetted(filters::log_text(value)));
+    env.add_filter("bare_word", move |value: &str| vetted(filters::bare_word(value)));
+    env.add_filter("hostname", move |value: &str| vetted(filters::hostname(value)));
+    env.add_filter("socket_path", move |value: &str| vetted(filters::socket_path(value)));
+    env.add_filter("map_key", move |value: &str| vetted(filters::map_key(value)));
+    env.add_filter("url_path", move |value: &str| vetted(filters::url_path(value)));
+    env.add_filter("haproxy_duration", move |value: &str| vetted(filters::haproxy_duration(value)));
+    env.add_filter("one_of", move |value: &str, allowed: minijinja::value::Rest<String>| {
+        vetted(filters::one_of(value, &allowed))
+    });
+    env.add_filter("cidr", move |value: &str| vetted(filters::cidr(value)));
+    // minijinja's `safe` would vouch for any value; here only the filters above can.
+    env.add_filter("safe", |_value: Value| -> Result<Value, minijinja::Error> {
+        Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            "safe is not available: values print through an HAProxy-safe filter (haproxy_quote, log_text, bare_word, \
+             hostname, url_path, map_key, haproxy_duration, one_of, cidr, socket_path)",
+        ))
+    });
+    env
+}
+
+/// Adds the configuration's templates (`haproxy.cfg`, maps, files, snippets) and checks that
+/// every `resources.<alias>` they read is watched.
+fn add_templates(env: &mut Environment<'static>, spec: &HAProxyTemplateConfigSpec) -> Result<(), RenderError> {
+    let templates = &spec.templates;
+    let mut sources: Vec<(String, &str)> = vec![(HAPROXY_CFG.to_owned(), templates.haproxy_config.as_str())];
+    for (kind, entries) in [("maps", &templates.maps), ("files", &templates.files), ("snippets", &templates.snippets)] {
+        for (name, source) in entries {
+            check_file_name(name).map_err(|detail| RenderError::Syntax {
+                template: format!("{kind}/{name}"),
+                line: None,
+                detail,
+            })?;
+            sources.push((format!("{kind}/{name}"), source.as_str()));
+        }
+    }
+    for (name, source) in &sources {
+        env.add_template_owned(name.clone(), source.to_string()).map_err(|error| RenderError::Syntax {
+            template: name.clone(),
+            line: error.line(),
+            detail: error.detail().map(str::to_owned).unwrap_or_else(|| error.kind().to_string()),
+        })?;
+    }
+    let known: BTreeSet<&str> = spec.watched_resources.keys().map(String::as_str).collect();
+    for (name, _) in &sources {
+        let template = env.get_template(name).map_err(|error| RenderError::Syntax {
+            template: name.clone(),
+            line: error.line(),
+            detail: error.to_string(),
+        })?;
+        for variable in template.undeclared_variables(true) {
+            if let Some(alias) = variable.strip_prefix("resources.").map(|rest| rest.split('.').next().unwrap_or(rest))
+                && !known.contains(alias)
+            {
+                return Err(RenderError::UnknownAlias {
+                    template: name.clone(),
+                    alias: alias.to_owned(),
+                    known: known.iter().copied().collect::<Vec<_>>().join(", "),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Renderer {
     /// Compiles every template of a configuration and checks the aliases they use.
     pub fn compile(spec: &HAProxyTemplateConfigSpec) -> Result<Self, RenderError> {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
-        // Every template "auto-escapes" with haptic's formatter: only filtered strings print,
-        // and joining a filtered string to an unfiltered one runs the unfiltered one through
-        // the formatter (minijinja's markup concatenation), which refuses it.
-        env.set_auto_escape_callback(|_| AutoEscape::Custom("haproxy".into()));
-        // Block tags take their own line and indentation with them, so templates can be laid out
-        // readably without leaving blank lines in the output.
-        let syntax = SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(true).build();
-        env.set_syntax(syntax.expect("the default delimiters are valid"));
-        env.set_formatter(|out, _state, value| format_value(out, value));
-        let vetted = |result: Result<String, minijinja::Error>| result.map(Value::from_safe_string);
-        env.add_filter("haproxy_quote", move |value: &str| vetted(filters::haproxy_quote(value)));
-        env.add_filter("log_text", move |value: &str| vetted(filters::log_text(value)));
-        env.add_filter("bare_word", move |value: &str| vetted(filters::bare_word(value)));
-        env.add_filter("hostname", move |value: &str| vetted(filters::hostname(value)));
-        env.add_filter("socket_path", move |value: &str| vetted(filters::socket_path(value)));
-        env.add_filter("map_key", move |value: &str| vetted(filters::map_key(value)));
-        env.add_filter("url_path", move |value: &str| vetted(filters::url_path(value)));
-        env.add_filter("haproxy_duration", move |value: &str| vetted(filters::haproxy_duration(value)));
-        env.add_filter("one_of", move |value: &str, allowed: minijinja::value::Rest<String>| {
-            vetted(filters::one_of(value, &allowed))
-        });
-        env.add_filter("cidr", move |value: &str| vetted(filters::cidr(value)));
-        // minijinja's `safe` would vouch for any value; here only the filters above can.
-        env.add_filter("safe", |_value: Value| -> Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                "safe is not available: values print through an HAProxy-safe filter (haproxy_quote, log_text, bare_word, \
-                 hostname, url_path, map_key, haproxy_duration, one_of, cidr, socket_path)",
-            ))
-        });
-        env.add_function("collector", || Value::from_object(context::Collector::default()));
-        env.add_function("endpoints", |slices: Value, port_name: Option<Value>| {
-            library::endpoints(&slices, port_name.as_ref())
-        });
-        env.add_function("ingress_routes", |ingress: Value| library::ingress_routes(&ingress));
-        env.add_function("ingress_tls", |ingress: Value| library::ingress_tls(&ingress));
-        env.add_function("created_at", |object: Value| library::object_created(&object));
-        env.add_function(
-            "ingress_settings",
-            |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
-                annotations::ingress_settings(
-                    &ingress,
-                    snippets.unwrap_or(false),
-                    &class_parameters.unwrap_or_default(),
-                )
-            },
-        );
-        env.add_function(
-            "server_slots",
-            |state: &minijinja::State,
-             backend: &str,
-             endpoints: Value,
-             block: Option<usize>,
-             weighted: Option<bool>| {
-                let shared = shared_state(state, "server_slots")?;
-                let block = block.unwrap_or(library::DEFAULT_SLOT_BLOCK);
-                library::server_slots(&shared, backend, &endpoints, block, weighted.unwrap_or(false))
-            },
-        );
-        env.add_function(
-            "server_lines",
-            |state: &minijinja::State,
-             backend: &str,
-             endpoints: Value,
-             options: Option<Value>,
-             block: Option<usize>| {
-                let shared = shared_state(state, "server_lines")?;
-                let block = block.unwrap_or(library::DEFAULT_SLOT_BLOCK);
-                library::server_lines(&shared, backend, &endpoints, &options.unwrap_or_default(), block)
-            },
-        );
-        env.add_function("weigh", |groups: Value| library::weigh(&groups));
-        env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
-            library::service_endpoints(&service, &port, &slices)
-        });
-        env.add_function("refuse", |object: Value, field: &str, message: &str| -> Result<Value, minijinja::Error> {
-            Err(context::refuse(&object, field, message))
-        });
-        env.add_function("basic_auth_users", |secret: Value| library::basic_auth_users(&secret));
-        env.add_function("tcp_services", |configmap: Value, taken: Option<Vec<u16>>| {
-            library::tcp_services(&configmap, &taken.unwrap_or_default())
-        });
-        let dirs = &spec.dataplane;
-        let general_dir = dirs.general_dir.trim_end_matches('/').to_owned();
-        env.add_function("ca_file", move |state: &minijinja::State, secret: Value| {
-            let (name, pem) = library::ca_bundle(&secret)?;
-            let shared = state.lookup("shared").ok_or_else(|| {
-                minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "ca_file needs the render's shared state")
-            })?;
-            if let Some(shared) = shared.downcast_object_ref::<context::Shared>() {
-                shared.add_file(name.clone(), pem);
-            }
-            vetted(filters::bare_word(&format!("{general_dir}/{name}")))
-        });
-        let certs_dir = dirs.certs_dir.trim_end_matches('/').to_owned();
-        env.add_function("tls_certificate", move |state: &minijinja::State, secret: Value| {
-            let (name, pem) = library::tls_certificate(&secret)?;
-            let shared = state.lookup("shared").ok_or_else(|| {
-                minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    "tls_certificate needs the render's shared state",
-                )
-            })?;
-            if let Some(shared) = shared.downcast_object_ref::<context::Shared>() {
-                shared.add_cert(name.clone(), pem);
-            }
-            Ok(Value::from_safe_string(format!("{certs_dir}/{name}")))
-        });
-        for (function, dir) in
-            [("map_path", &dirs.maps_dir), ("file_path", &dirs.general_dir), ("cert_path", &dirs.certs_dir)]
-        {
-            let dir = dir.trim_end_matches('/').to_owned();
-            env.add_function(function, move |name: &str| -> Result<Value, minijinja::Error> {
-                check_file_name(name)
-                    .map_err(|detail| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, detail))?;
-                vetted(filters::bare_word(&format!("{dir}/{name}")))
-            });
-        }
-
+        let mut env = engine();
+        library::register(&mut env, &spec.dataplane);
+        add_templates(&mut env, spec)?;
         let templates = &spec.templates;
-        let mut sources: Vec<(String, &str)> = vec![(HAPROXY_CFG.to_owned(), templates.haproxy_config.as_str())];
-        for (kind, entries) in
-            [("maps", &templates.maps), ("files", &templates.files), ("snippets", &templates.snippets)]
-        {
-            for (name, source) in entries {
-                check_file_name(name).map_err(|detail| RenderError::Syntax {
-                    template: format!("{kind}/{name}"),
-                    line: None,
-                    detail,
-                })?;
-                sources.push((format!("{kind}/{name}"), source.as_str()));
-            }
-        }
-        for (name, source) in &sources {
-            env.add_template_owned(name.clone(), source.to_string()).map_err(|error| RenderError::Syntax {
-                template: name.clone(),
-                line: error.line(),
-                detail: error.detail().map(str::to_owned).unwrap_or_else(|| error.kind().to_string()),
-            })?;
-        }
-        let known: BTreeSet<&str> = spec.watched_resources.keys().map(String::as_str).collect();
-        for (name, _) in &sources {
-            let template = env.get_template(name).map_err(|error| RenderError::Syntax {
-                template: name.clone(),
-                line: error.line(),
-                detail: error.to_string(),
-            })?;
-            for variable in template.undeclared_variables(true) {
-                if let Some(alias) =
-                    variable.strip_prefix("resources.").map(|rest| rest.split('.').next().unwrap_or(rest))
-                    && !known.contains(alias)
-                {
-                    return Err(RenderError::UnknownAlias {
-                        template: name.clone(),
-                        alias: alias.to_owned(),
-                        known: known.iter().copied().collect::<Vec<_>>().join(", "),
-                    });
-                }
-            }
-        }
         Ok(Self {
             env,
             map_names: templates.maps.keys().cloned().collect(),
