@@ -138,7 +138,7 @@ fn dataplane_answer_parsers_never_panic_and_bound_their_errors() {
             answers::parse_storage_names(&body).err(),
             StoredConfig::from_text(body.clone(), Some(&body)).err(),
         ];
-        for error in errors.into_iter().flatten() {
+        for error in errors.into_iter().flatten().map(|error| error.to_string()) {
             prop_assert!(error.len() <= MAX_ERROR_LEN, "an error of {} bytes: {:.200}", error.len(), error);
         }
         let message = answers::error_message(&body);
@@ -157,11 +157,11 @@ fn dataplane_answers_written_as_the_api_writes_them_read_back_as_written() {
     let server = ("\\PC{0,40}", proptest::option::of(any::<u16>()), "[a-z]{0,8}");
     fuzz("dataplane answers round trip", (reload, server), |((id, status, response), (address, port, state))| {
         let body = serde_json::json!({"id": id, "status": status, "response": response}).to_string();
-        let parsed = answers::parse_reload(&body).map_err(TestCaseError::fail)?;
+        let parsed = answers::parse_reload(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(parsed.id.map(|id| id.0), (!id.is_empty()).then(|| id.clone()));
         prop_assert_eq!(parsed.response, response.filter(|r| !r.is_empty()));
         let body = serde_json::json!({"address": address, "port": port, "admin_state": state}).to_string();
-        let parsed = answers::parse_runtime_server(&body).map_err(TestCaseError::fail)?;
+        let parsed = answers::parse_runtime_server(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!((parsed.address, parsed.port, parsed.admin_state), (address, port, state));
         Ok(())
     });

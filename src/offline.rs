@@ -132,12 +132,15 @@ fn fill_stores(
 ) -> Result<Stores, OfflineError> {
     let mut stores = Stores::new();
     for (alias, watched) in &spec.watched_resources {
-        let error = |detail: String| OfflineError::Watched { alias: alias.clone(), detail };
-        let labels = LabelSelector::parse(watched.label_selector.as_deref().unwrap_or_default()).map_err(error)?;
-        let fields = FieldSelector::parse(watched.field_selector.as_deref().unwrap_or_default()).map_err(error)?;
+        let error =
+            |detail: &dyn std::fmt::Display| OfflineError::Watched { alias: alias.clone(), detail: detail.to_string() };
+        let labels =
+            LabelSelector::parse(watched.label_selector.as_deref().unwrap_or_default()).map_err(|e| error(&e))?;
+        let fields =
+            FieldSelector::parse(watched.field_selector.as_deref().unwrap_or_default()).map_err(|e| error(&e))?;
         let mut store =
             ResourceStore::shaped(&watched.kind, &watched.index_by, &watched.ignore_fields, &watched.fields)
-                .map_err(error)?;
+                .map_err(|e| error(&e))?;
         for (path, object) in objects {
             let same_type = object.get("apiVersion").and_then(Json::as_str) == Some(watched.api_version.as_str())
                 && object.get("kind").and_then(Json::as_str) == Some(watched.kind.as_str());

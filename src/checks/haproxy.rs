@@ -35,7 +35,7 @@ pub enum HaproxyError {
     },
     /// The render cannot be run outside a pod.
     #[error("the render cannot be run locally: {0}")]
-    Instrument(String),
+    Instrument(#[from] super::instrument::InstrumentError),
     /// The binary did not start.
     #[error("cannot run HAProxy ({}): {source}", binary.display())]
     Spawn {
@@ -185,11 +185,8 @@ pub async fn until_listening(
 }
 
 /// A free port on loopback here (a port HAProxy's instrumented binds take).
-pub fn free_local_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(|error| format!("no free local port: {error}"))
+pub fn free_local_port() -> std::io::Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).map(|address| address.port())
 }
 
 /// A render written to a scratch directory, made runnable, and accepted by `haproxy -c`.

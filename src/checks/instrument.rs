@@ -40,14 +40,36 @@ pub const BACKEND_HEADER: &str = "x-haptic-validate-backend";
 const POD_ONLY_GLOBALS: &[&str] =
     &["chroot", "user", "group", "uid", "gid", "daemon", "master-worker", "pidfile", "nbproc", "stats"];
 
+/// Why a render cannot be run outside a pod.
+#[derive(Debug, thiserror::Error)]
+pub enum InstrumentError {
+    /// A `bind` line without an address.
+    #[error("line {line}: a bind without an address")]
+    BindWithoutAddress {
+        /// Its line in `haproxy.cfg`.
+        line: usize,
+    },
+    /// A bind address that is neither a TCP port nor a socket that can be moved.
+    #[error("line {line}: cannot move the bind address {address}")]
+    Unmovable {
+        /// Its line in `haproxy.cfg`.
+        line: usize,
+        /// The address.
+        address: String,
+    },
+    /// No local port was free.
+    #[error("no free local port: {0}")]
+    NoFreePort(#[source] std::io::Error),
+}
+
 /// Makes `config` runnable: `dirs` maps each pod directory to its scratch copy, `scratch` holds
 /// moved sockets, `next_port` hands out free local ports.
 pub fn instrument(
     config: &str,
     dirs: &[(String, String)],
     scratch: &Path,
-    next_port: &mut dyn FnMut() -> Result<u16, String>,
-) -> Result<Instrumented, String> {
+    next_port: &mut dyn FnMut() -> std::io::Result<u16>,
+) -> Result<Instrumented, InstrumentError> {
     let lines: Vec<&str> = config.lines().collect();
     // Sockets first: a server may name a socket bound further down.
     let mut sockets: BTreeMap<String, String> = BTreeMap::new();
@@ -105,7 +127,7 @@ pub fn instrument(
             }
             ("frontend" | "listen", "bind") => {
                 let Some(address) = words.get(1) else {
-                    return Err(format!("line {}: a bind without an address", index + 1));
+                    return Err(InstrumentError::BindWithoutAddress { line: index + 1 });
                 };
                 let rest = words[2..].join(" ");
                 let moved = if let Some(socket) = sockets.get(*address) {
@@ -113,12 +135,12 @@ pub fn instrument(
                 } else if address.starts_with("quic") {
                     continue; // QUIC needs UDP and certificates; requests here are TCP
                 } else if let Some(port) = tcp_port(address) {
-                    let local = next_port()?;
+                    let local = next_port().map_err(InstrumentError::NoFreePort)?;
                     out.ports.push(MovedPort { rendered: port, local, tls: words.contains(&"ssl"), routes: false });
                     section_ports.end = out.ports.len();
                     format!("127.0.0.1:{local}")
                 } else {
-                    return Err(format!("line {}: cannot move the bind address {address}", index + 1));
+                    return Err(InstrumentError::Unmovable { line: index + 1, address: (*address).to_owned() });
                 };
                 push(&mut out, &format!("    bind {moved} {rest}"), number);
             }
@@ -255,6 +277,6 @@ backend be_tcp
     #[test]
     fn a_bind_that_cannot_be_moved_is_refused_with_its_line() {
         let error = instrument("frontend f\n    bind fd@3\n", &[], Path::new("/tmp"), &mut || Ok(1)).unwrap_err();
-        assert_eq!(error, "line 2: cannot move the bind address fd@3");
+        assert_eq!(error.to_string(), "line 2: cannot move the bind address fd@3");
     }
 }

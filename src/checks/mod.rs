@@ -76,7 +76,7 @@ impl Report {
 }
 
 /// Renders one test's fixtures (and `shared` objects beside them) with the configuration.
-pub fn render_fixtures(
+fn render_fixtures(
     spec: &HAProxyTemplateConfigSpec,
     renderer: &Renderer,
     test: &ValidationTest,
@@ -92,7 +92,7 @@ pub fn render_fixtures(
 
 /// Checks one file assertion (contains, notContains, matches, mapEntry) against a render;
 /// `None` for a request assertion, which needs HAProxy.
-pub fn check_file_assertion(assertion: &Assertion, files: &FileSet) -> Option<Result<(), String>> {
+fn check_file_assertion(assertion: &Assertion, files: &FileSet) -> Option<Result<(), String>> {
     let file_named = |name: &str| -> Result<&str, String> {
         files
             .entries()
@@ -157,7 +157,7 @@ pub struct Answer {
 }
 
 /// Whether `answer` is what `expect` asks for; `Err` says what differs.
-pub fn check_answer(expect: &ExpectedAnswer, answer: &Answer) -> Result<(), String> {
+fn check_answer(expect: &ExpectedAnswer, answer: &Answer) -> Result<(), String> {
     let mut wrong = Vec::new();
     if let Some(status) = expect.status
         && status != answer.status

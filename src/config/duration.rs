@@ -27,19 +27,19 @@ impl ConfigDuration {
     }
 
     /// Parses `500ms`, `60s`, `5m`, `2h` and concatenations such as `1m30s`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, DurationError> {
         let text = text.trim();
         if text.is_empty() {
-            return Err("an empty duration".into());
+            return Err(DurationError::Empty);
         }
         let mut total = Duration::ZERO;
         let mut rest = text;
         while !rest.is_empty() {
             let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
             if digits == 0 {
-                return Err(format!("{text:?} is not a duration like 500ms, 60s, 5m or 1h"));
+                return Err(DurationError::NotADuration(text.to_owned()));
             }
-            let number: u64 = rest[..digits].parse().map_err(|_| format!("{text:?} has too large a number"))?;
+            let number: u64 = rest[..digits].parse().map_err(|_| DurationError::TooLarge(text.to_owned()))?;
             rest = &rest[digits..];
             let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
             let part = match &rest[..unit_len] {
@@ -47,14 +47,39 @@ impl ConfigDuration {
                 "s" => Duration::from_secs(number),
                 "m" => Duration::from_secs(number.saturating_mul(60)),
                 "h" => Duration::from_secs(number.saturating_mul(3600)),
-                "" => return Err(format!("{text:?} lacks a unit (ms, s, m or h)")),
-                other => return Err(format!("{text:?} has an unknown unit {other:?} (use ms, s, m or h)")),
+                "" => return Err(DurationError::NoUnit(text.to_owned())),
+                other => return Err(DurationError::UnknownUnit { text: text.to_owned(), unit: other.to_owned() }),
             };
             total = total.saturating_add(part);
             rest = &rest[unit_len..];
         }
         Ok(Self(total))
     }
+}
+
+/// Why a text is not a duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// Nothing but blanks.
+    #[error("an empty duration")]
+    Empty,
+    /// Something other than numbers and units.
+    #[error("{0:?} is not a duration like 500ms, 60s, 5m or 1h")]
+    NotADuration(String),
+    /// A number past 64 bits.
+    #[error("{0:?} has too large a number")]
+    TooLarge(String),
+    /// A number without a unit.
+    #[error("{0:?} lacks a unit (ms, s, m or h)")]
+    NoUnit(String),
+    /// A unit that is none of ms, s, m, h.
+    #[error("{text:?} has an unknown unit {unit:?} (use ms, s, m or h)")]
+    UnknownUnit {
+        /// The duration.
+        text: String,
+        /// Its unit.
+        unit: String,
+    },
 }
 
 impl fmt::Display for ConfigDuration {
@@ -110,9 +135,9 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_duration_and_says_why() {
-        assert!(ConfigDuration::parse("60").unwrap_err().contains("lacks a unit"));
-        assert!(ConfigDuration::parse("5d").unwrap_err().contains("unknown unit"));
-        assert!(ConfigDuration::parse("s").unwrap_err().contains("not a duration"));
+        assert!(ConfigDuration::parse("60").unwrap_err().to_string().contains("lacks a unit"));
+        assert!(ConfigDuration::parse("5d").unwrap_err().to_string().contains("unknown unit"));
+        assert!(ConfigDuration::parse("s").unwrap_err().to_string().contains("not a duration"));
         assert!(ConfigDuration::parse("").is_err());
     }
 

@@ -40,13 +40,12 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
             });
         }
         // `[*]` names many values: an index key or an ignored value is one.
-        let one_value = |path: &str| {
-            FieldPath::parse(path).and_then(|parsed| {
-                if parsed.names_many() {
-                    return Err(format!("{path:?}: [*] names every item of a list; this path names one value"));
-                }
-                Ok(parsed)
-            })
+        let one_value = |path: &str| match FieldPath::parse(path) {
+            Ok(parsed) if parsed.names_many() => {
+                Err(format!("{path:?}: [*] names every item of a list; this path names one value"))
+            }
+            Ok(parsed) => Ok(parsed),
+            Err(error) => Err(error.to_string()),
         };
         for (i, path) in watched.index_by.iter().enumerate() {
             if let Err(message) = one_value(path) {
@@ -60,8 +59,9 @@ pub fn problems(spec: &HAProxyTemplateConfigSpec) -> Vec<ConfigProblem> {
         }
         for (i, path) in watched.fields.iter().enumerate() {
             let kept = FieldPath::parse(path).and_then(|parsed| crate::store::Projection::new([&parsed]));
-            if let Err(message) = kept {
-                found.push(ConfigProblem { field: format!("watchedResources.{alias}.fields[{i}]"), message });
+            if let Err(error) = kept {
+                let field = format!("watchedResources.{alias}.fields[{i}]");
+                found.push(ConfigProblem { field, message: error.to_string() });
             }
         }
     }

@@ -41,22 +41,49 @@ impl fmt::Display for HaproxyVersion {
 
 /// Whether a pod whose HAProxy reports `reported` (`None`: could not be read) may be given a
 /// configuration requiring `minimum`: `Err` says why not, in words for the pod's status.
-pub fn meets_minimum(reported: Option<&str>, minimum: Option<HaproxyVersion>) -> Result<(), String> {
+pub fn meets_minimum(reported: Option<&str>, minimum: Option<HaproxyVersion>) -> Result<(), BelowMinimum> {
     let Some(minimum) = minimum else { return Ok(()) };
     match reported {
-        None => Err(format!(
-            "refused: the pod's HAProxy version could not be read, and the configuration requires HAProxy {minimum} or later (minimumHAProxyVersion)"
-        )),
+        None => Err(BelowMinimum::Unread { minimum }),
         Some(text) => match HaproxyVersion::parse(text) {
             Some(version) if version >= minimum => Ok(()),
-            Some(_) => Err(format!(
-                "refused: the pod runs HAProxy {text}, older than {minimum}, the configuration's minimumHAProxyVersion; nothing is deployed to it"
-            )),
-            None => Err(format!(
-                "refused: the pod's HAProxy reports version {text:?}, which is not a version number, and the configuration requires HAProxy {minimum} or later (minimumHAProxyVersion)"
-            )),
+            Some(_) => Err(BelowMinimum::Older { reported: text.to_owned(), minimum }),
+            None => Err(BelowMinimum::NotAVersion { reported: text.to_owned(), minimum }),
         },
     }
+}
+
+/// Why a pod is not given a configuration that requires a newer HAProxy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BelowMinimum {
+    /// Its version could not be read.
+    #[error(
+        "refused: the pod's HAProxy version could not be read, and the configuration requires HAProxy {minimum} or later (minimumHAProxyVersion)"
+    )]
+    Unread {
+        /// What the configuration requires.
+        minimum: HaproxyVersion,
+    },
+    /// It runs an older one.
+    #[error(
+        "refused: the pod runs HAProxy {reported}, older than {minimum}, the configuration's minimumHAProxyVersion; nothing is deployed to it"
+    )]
+    Older {
+        /// What it reports.
+        reported: String,
+        /// What the configuration requires.
+        minimum: HaproxyVersion,
+    },
+    /// It reports something that is not a version.
+    #[error(
+        "refused: the pod's HAProxy reports version {reported:?}, which is not a version number, and the configuration requires HAProxy {minimum} or later (minimumHAProxyVersion)"
+    )]
+    NotAVersion {
+        /// What it reports.
+        reported: String,
+        /// What the configuration requires.
+        minimum: HaproxyVersion,
+    },
 }
 
 #[cfg(test)]
@@ -86,9 +113,9 @@ mod tests {
         assert_eq!(meets_minimum(Some("2.8.25-5cf5d0683"), minimum), Ok(()));
         assert_eq!(meets_minimum(Some("2.7.0"), minimum), Ok(()));
         assert_eq!(meets_minimum(None, None), Ok(()), "no minimum, no question");
-        let old = meets_minimum(Some("2.6.12-1+deb12u4"), minimum).unwrap_err();
+        let old = meets_minimum(Some("2.6.12-1+deb12u4"), minimum).unwrap_err().to_string();
         assert!(old.contains("2.6.12-1+deb12u4") && old.contains("2.7.0"), "{old}");
-        assert!(meets_minimum(None, minimum).unwrap_err().contains("could not be read"));
+        assert!(meets_minimum(None, minimum).unwrap_err().to_string().contains("could not be read"));
         assert!(meets_minimum(Some("dev"), minimum).is_err());
     }
 }

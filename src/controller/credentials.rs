@@ -21,25 +21,57 @@ pub(crate) struct AccessChanged {
     pub(crate) access: Result<Access, String>,
 }
 
+/// Why a Secret haptic makes could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The API server refused a read or a write.
+    #[error("Secret {secret}: {source}")]
+    Api {
+        /// `namespace/name`.
+        secret: String,
+        /// Its answer.
+        source: kube::Error,
+    },
+    /// The Secret object could not be formed.
+    #[error("Secret {secret}: {source}")]
+    Shape {
+        /// `namespace/name`.
+        secret: String,
+        /// What was wrong.
+        source: serde_json::Error,
+    },
+    /// The system had no randomness to give.
+    #[error("no randomness for a password: {0}")]
+    NoRandomness(#[source] std::io::Error),
+    /// The certificates could not be made.
+    #[error("making the Dataplane API's certificates: {0}")]
+    Certificates(#[source] rcgen::Error),
+}
+
 /// Creates the Dataplane credentials Secret `namespace/name` (keys `dataplane_username`,
 /// `dataplane_password`: 32 random letters and digits) when it does not exist; an existing one
 /// is never changed. The chart's way when it is given no password: a template's `lookup`
 /// (which GitOps tools render without a cluster) made a new password on every sync. Several
 /// replicas may race: the one that loses finds the winner's. Whether it was created.
-pub async fn ensure_secret(client: &kube::Client, namespace: &str, name: &str, username: &str) -> Result<bool, String> {
+pub async fn ensure_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    username: &str,
+) -> Result<bool, SecretError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let said = |e: kube::Error| format!("Secret {namespace}/{name}: {e}");
+    let said = |source: kube::Error| SecretError::Api { secret: format!("{namespace}/{name}"), source };
     if secrets.get_metadata_opt(name).await.map_err(said)?.is_some() {
         return Ok(false);
     }
-    let password = random_password().map_err(|e| format!("no randomness for a password: {e}"))?;
+    let password = random_password().map_err(SecretError::NoRandomness)?;
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {"app.kubernetes.io/managed-by": "haptic"}},
         "type": "Opaque",
         "stringData": {"dataplane_username": username, "dataplane_password": password}
     }))
-    .map_err(|e| format!("Secret {namespace}/{name}: {e}"))?;
+    .map_err(|source| SecretError::Shape { secret: format!("{namespace}/{name}"), source })?;
     match secrets.create(&kube::api::PostParams::default(), &secret).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(answer)) if answer.code == 409 => Ok(false),
@@ -60,8 +92,8 @@ pub struct DataplanePki {
 /// Makes a CA and a certificate for `server_name` signed by it (ECDSA P-256, valid ten years:
 /// it is made once and kept; deleting the Secret and restarting makes new ones). The CA's key
 /// is dropped here: nothing else can be signed with it.
-pub fn make_dataplane_pki(server_name: &str) -> Result<DataplanePki, String> {
-    let failed = |e: rcgen::Error| format!("making the Dataplane API's certificates: {e}");
+pub fn make_dataplane_pki(server_name: &str) -> Result<DataplanePki, SecretError> {
+    let failed = SecretError::Certificates;
     let now = time::OffsetDateTime::now_utc();
     let valid = |params: &mut rcgen::CertificateParams| {
         params.not_before = now - time::Duration::hours(1);
@@ -93,9 +125,9 @@ pub async fn ensure_tls_secret(
     namespace: &str,
     name: &str,
     server_name: &str,
-) -> Result<bool, String> {
+) -> Result<bool, SecretError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let said = |e: kube::Error| format!("Secret {namespace}/{name}: {e}");
+    let said = |source: kube::Error| SecretError::Api { secret: format!("{namespace}/{name}"), source };
     if secrets.get_metadata_opt(name).await.map_err(said)?.is_some() {
         return Ok(false);
     }
@@ -106,7 +138,7 @@ pub async fn ensure_tls_secret(
         "type": "kubernetes.io/tls",
         "stringData": {"ca.crt": pki.ca, "tls.crt": pki.certificate, "tls.key": pki.key}
     }))
-    .map_err(|e| format!("Secret {namespace}/{name}: {e}"))?;
+    .map_err(|source| SecretError::Shape { secret: format!("{namespace}/{name}"), source })?;
     match secrets.create(&kube::api::PostParams::default(), &secret).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(answer)) if answer.code == 409 => Ok(false),

@@ -101,15 +101,61 @@ struct ErrorAnswer {
     message: String,
 }
 
+/// Why an answer of the Dataplane API could not be read; each quotes at most an excerpt of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// The body is not the JSON expected.
+    #[error("{detail} in {excerpt}")]
+    NotJson {
+        /// The parser's words.
+        detail: String,
+        /// The start of the body.
+        excerpt: String,
+    },
+    /// A configuration version that is not a number.
+    #[error("configuration version {excerpt}: {detail}")]
+    NotAVersion {
+        /// The text.
+        excerpt: String,
+        /// The parser's words.
+        detail: String,
+    },
+    /// A reload whose status is none of the three the API has.
+    #[error("reload {id} has unknown status {status}")]
+    UnknownReloadStatus {
+        /// The reload's id.
+        id: String,
+        /// The status it has.
+        status: String,
+    },
+    /// A storage answer that names no file.
+    #[error("no file in {excerpt}")]
+    NoFile {
+        /// The start of the body.
+        excerpt: String,
+    },
+    /// The body did not arrive whole.
+    #[error("the body could not be read: {0}")]
+    BodyUnread(String),
+    /// A configuration that says nothing of its version.
+    #[error("the configuration has no `# _version=` line and no Configuration-Version")]
+    NoVersion,
+}
+
+/// The body is not the JSON expected.
+pub(crate) fn not_json(error: &serde_json::Error, body: &str) -> AnswerError {
+    AnswerError::NotJson { detail: error.to_string(), excerpt: excerpt(body) }
+}
+
 /// Parses `GET /info`.
-pub fn parse_info(body: &str) -> Result<ApiInfo, String> {
-    let answer: InfoAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+pub fn parse_info(body: &str) -> Result<ApiInfo, AnswerError> {
+    let answer: InfoAnswer = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     Ok(ApiInfo { version: answer.api.version, build_date: answer.api.build_date })
 }
 
 /// Parses `GET /health`.
-pub fn parse_health(body: &str) -> Result<Health, String> {
-    let answer: HealthAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+pub fn parse_health(body: &str) -> Result<Health, AnswerError> {
+    let answer: HealthAnswer = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     Ok(match answer.haproxy.as_str() {
         "up" => Health::Up,
         "down" => Health::Down,
@@ -118,13 +164,16 @@ pub fn parse_health(body: &str) -> Result<Health, String> {
 }
 
 /// Parses a configuration version, from a body or a `Configuration-Version` header.
-pub fn parse_version(text: &str) -> Result<ConfigVersion, String> {
-    text.trim().parse::<u64>().map(ConfigVersion).map_err(|e| format!("configuration version {}: {e}", excerpt(text)))
+pub fn parse_version(text: &str) -> Result<ConfigVersion, AnswerError> {
+    text.trim()
+        .parse::<u64>()
+        .map(ConfigVersion)
+        .map_err(|e| AnswerError::NotAVersion { excerpt: excerpt(text), detail: e.to_string() })
 }
 
 /// Parses one reload (`GET /services/haproxy/reloads/{id}`).
-pub fn parse_reload(body: &str) -> Result<Reload, String> {
-    let answer: ReloadAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+pub fn parse_reload(body: &str) -> Result<Reload, AnswerError> {
+    let answer: ReloadAnswer = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     reload_from(answer)
 }
 
@@ -150,67 +199,67 @@ struct RuntimeServerAnswer {
 }
 
 /// Parses a runtime server (`GET /services/haproxy/runtime/backends/{b}/servers/{s}`).
-pub fn parse_runtime_server(body: &str) -> Result<RuntimeServer, String> {
-    let answer: RuntimeServerAnswer = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+pub fn parse_runtime_server(body: &str) -> Result<RuntimeServer, AnswerError> {
+    let answer: RuntimeServerAnswer = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     Ok(RuntimeServer { address: answer.address, port: answer.port, admin_state: answer.admin_state })
 }
 
 /// Parses a running map's entries (`GET /services/haproxy/runtime/maps/{map}/entries`), as
 /// key and value pairs in the order HAProxy lists them.
-pub fn parse_map_entries(body: &str) -> Result<Vec<(String, String)>, String> {
+pub fn parse_map_entries(body: &str) -> Result<Vec<(String, String)>, AnswerError> {
     #[derive(Deserialize)]
     struct Entry {
         key: String,
         #[serde(default)]
         value: String,
     }
-    let entries: Vec<Entry> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+    let entries: Vec<Entry> = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     Ok(entries.into_iter().map(|entry| (entry.key, entry.value)).collect())
 }
 
 /// Parses the SHA-1 fingerprint of a certificate as the running HAProxy holds it
 /// (`GET /services/haproxy/runtime/ssl_certs/{path}`).
-pub fn parse_certificate_sha1(body: &str) -> Result<String, String> {
+pub fn parse_certificate_sha1(body: &str) -> Result<String, AnswerError> {
     #[derive(Deserialize)]
     struct Certificate {
         #[serde(default)]
         sha1_finger_print: String,
     }
-    let answer: Certificate = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+    let answer: Certificate = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     Ok(answer.sha1_finger_print)
 }
 
 /// Parses the path a stored certificate has on the pod (`file` of a storage answer).
-pub fn parse_stored_file(body: &str) -> Result<String, String> {
+pub fn parse_stored_file(body: &str) -> Result<String, AnswerError> {
     #[derive(Deserialize)]
     struct Stored {
         #[serde(default)]
         file: String,
     }
-    let answer: Stored = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
-    if answer.file.is_empty() { Err(format!("no file in {}", excerpt(body))) } else { Ok(answer.file) }
+    let answer: Stored = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
+    if answer.file.is_empty() { Err(AnswerError::NoFile { excerpt: excerpt(body) }) } else { Ok(answer.file) }
 }
 
 /// Parses the list of reloads (`GET /services/haproxy/reloads`).
-pub fn parse_reloads(body: &str) -> Result<Vec<Reload>, String> {
-    let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+pub fn parse_reloads(body: &str) -> Result<Vec<Reload>, AnswerError> {
+    let answers: Vec<ReloadAnswer> = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     answers.into_iter().map(reload_from).collect()
 }
 
-fn reload_from(answer: ReloadAnswer) -> Result<Reload, String> {
+fn reload_from(answer: ReloadAnswer) -> Result<Reload, AnswerError> {
     let status = match answer.status.as_str() {
         "in_progress" => ReloadStatus::InProgress,
         "succeeded" => ReloadStatus::Succeeded,
         "failed" => ReloadStatus::Failed,
-        other => return Err(format!("reload {} has unknown status {}", excerpt(&answer.id), excerpt(other))),
+        other => return Err(AnswerError::UnknownReloadStatus { id: excerpt(&answer.id), status: excerpt(other) }),
     };
     let id = (!answer.id.is_empty()).then_some(ReloadId(answer.id));
     Ok(Reload { id, status, response: answer.response.filter(|r| !r.is_empty()) })
 }
 
 /// Parses a storage listing (`GET /services/haproxy/storage/maps` or `.../general`).
-pub fn parse_storage_names(body: &str) -> Result<Vec<String>, String> {
-    let entries: Vec<StorageEntry> = serde_json::from_str(body).map_err(|e| format!("{e} in {}", excerpt(body)))?;
+pub fn parse_storage_names(body: &str) -> Result<Vec<String>, AnswerError> {
+    let entries: Vec<StorageEntry> = serde_json::from_str(body).map_err(|e| not_json(&e, body))?;
     let mut names: Vec<String> = entries.into_iter().map(|e| e.storage_name).collect();
     names.sort();
     Ok(names)
@@ -231,12 +280,12 @@ impl StoredConfig {
     /// Reads the version from the file's own `# _version=` line, or, for a file the API never
     /// wrote (a pod's bootstrap configuration has none), from the answer's
     /// `Configuration-Version` header.
-    pub fn from_text(text: String, header: Option<&str>) -> Result<Self, String> {
+    pub fn from_text(text: String, header: Option<&str>) -> Result<Self, AnswerError> {
         let version = text
             .lines()
             .find_map(|line| line.strip_prefix("# _version="))
             .or(header)
-            .ok_or_else(|| "the configuration has no `# _version=` line and no Configuration-Version".to_owned())
+            .ok_or(AnswerError::NoVersion)
             .and_then(parse_version)?;
         Ok(Self { version, text })
     }
@@ -315,7 +364,7 @@ mod tests {
     #[test]
     fn version_accepts_surrounding_whitespace_and_refuses_text() {
         assert_eq!(parse_version("7\n").unwrap(), ConfigVersion(7));
-        assert!(parse_version("seven").unwrap_err().contains("seven"));
+        assert!(parse_version("seven").unwrap_err().to_string().contains("seven"));
     }
 
     #[test]
@@ -349,12 +398,12 @@ mod tests {
         assert_eq!(stored.content().collect::<Vec<_>>(), ["# note", "", "global", "  maxconn 10"]);
         // A bootstrap file the API never wrote: only the header says.
         assert_eq!(StoredConfig::from_text("global\n".into(), Some("1")).unwrap().version, ConfigVersion(1));
-        assert!(StoredConfig::from_text("global\n".into(), None).unwrap_err().contains("_version"));
+        assert!(StoredConfig::from_text("global\n".into(), None).unwrap_err().to_string().contains("_version"));
     }
 
     #[test]
     fn unknown_reload_status_is_an_error_naming_the_reload() {
-        let err = parse_reload(r#"{"id":"r1","status":"exploded"}"#).unwrap_err();
+        let err = parse_reload(r#"{"id":"r1","status":"exploded"}"#).unwrap_err().to_string();
         assert!(err.contains("r1") && err.contains("exploded"), "{err}");
     }
 

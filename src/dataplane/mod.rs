@@ -308,7 +308,7 @@ pub enum DataplaneError {
         /// The API path below `/v3`.
         path: String,
         /// What was wrong with it.
-        detail: String,
+        detail: answers::AnswerError,
     },
 }
 
@@ -481,7 +481,7 @@ impl DataplaneClient {
     pub async fn runtime_info(&self) -> Result<serde_json::Value, DataplaneError> {
         let path = "services/haproxy/runtime/info";
         let (_, body) = self.send_expecting(Method::GET, path, None, &[StatusCode::OK]).await?;
-        serde_json::from_str(&body).map_err(|e| self.unreadable(path, e.to_string()))
+        serde_json::from_str(&body).map_err(|e| self.unreadable(path, answers::not_json(&e, &body)))
     }
 
     /// `GET /services/haproxy/configuration/version`.
@@ -721,7 +721,10 @@ impl DataplaneClient {
         let path = format!("{}/{}", kind.path(), segment(name));
         let response = self.execute(self.request(Method::GET, &path), Method::GET, &path).await?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| self.unreadable(&path, e.to_string()))?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| self.unreadable(&path, answers::AnswerError::BodyUnread(e.to_string())))?;
         count_answer_bytes(&text);
         match status {
             StatusCode::OK if kind == StorageKind::Maps && text == EMPTY_MAP_AS_STORED => Ok(Some(String::new())),
@@ -933,7 +936,10 @@ impl DataplaneClient {
         let response = self.execute(request, method.clone(), path).await?;
         let status = response.status();
         let headers = response.headers().clone();
-        let text = response.text().await.map_err(|e| self.unreadable(path, e.to_string()))?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| self.unreadable(path, answers::AnswerError::BodyUnread(e.to_string())))?;
         count_answer_bytes(&text);
         if expected.contains(&status) { Ok((headers, text)) } else { Err(self.unexpected(method, path, status, &text)) }
     }
@@ -950,7 +956,7 @@ impl DataplaneClient {
         self.send(request, method, path, expected).await.map(|_| ())
     }
 
-    fn unreadable(&self, path: &str, detail: String) -> DataplaneError {
+    fn unreadable(&self, path: &str, detail: answers::AnswerError) -> DataplaneError {
         DataplaneError::UnreadableAnswer { endpoint: self.endpoint.to_string(), path: path.to_owned(), detail }
     }
 

@@ -652,7 +652,7 @@ impl DriverCore {
     fn unsupported(&self) -> Option<Event> {
         let reason =
             crate::config::meets_minimum(self.versions.haproxy.as_deref(), self.desired.minimum_haproxy).err()?;
-        Some(Event::Unsupported { desired: self.desired.checksums.clone(), reason })
+        Some(Event::Unsupported { desired: self.desired.checksums.clone(), reason: reason.to_string() })
     }
 
     /// Until when a reload must wait, if the last one was less than the pace ago.

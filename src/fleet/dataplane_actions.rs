@@ -140,7 +140,7 @@ impl DataplaneActions {
         let (uid, name, original) = (uid.clone(), name.to_owned(), original.map(|o| o.as_bytes().to_vec()));
         on_blocking_pool(&self.journal, move |journal| journal.record_upload(&uid, kind, &name, original.as_deref()))
             .await
-            .map_err(ActionError::Failed)
+            .map_err(|error| ActionError::Failed(error.to_string()))
     }
 }
 
@@ -670,7 +670,7 @@ impl PodActions for DataplaneActions {
         let uid = pod.uid.clone();
         on_blocking_pool(&self.journal, move |journal| journal.settle_uploads(&uid, &[]))
             .await
-            .map_err(ActionError::Failed)?;
+            .map_err(|error| ActionError::Failed(error.to_string()))?;
         Ok(StoredCopy { render, stored: stored_checksum(&stored), version: stored.version })
     }
 
@@ -744,7 +744,9 @@ impl PodActions for DataplaneActions {
     async fn restore_files(&self, pod: &PodTarget) -> Result<(), String> {
         let client = self.client(pod).map_err(|e| e.to_string())?;
         let uid = pod.uid.clone();
-        let pending = on_blocking_pool(&self.journal, move |journal| journal.pending_uploads(&uid)).await?;
+        let pending = on_blocking_pool(&self.journal, move |journal| journal.pending_uploads(&uid))
+            .await
+            .map_err(|error| error.to_string())?;
         // Every file is put back that can be; those that cannot stay recorded for next time.
         let mut errors = Vec::new();
         let mut left = Vec::new();
@@ -762,7 +764,9 @@ impl PodActions for DataplaneActions {
             }
         }
         let uid = pod.uid.clone();
-        on_blocking_pool(&self.journal, move |journal| journal.settle_uploads(&uid, &left)).await?;
+        on_blocking_pool(&self.journal, move |journal| journal.settle_uploads(&uid, &left))
+            .await
+            .map_err(|error| error.to_string())?;
         if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
     }
 }

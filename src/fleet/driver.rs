@@ -289,7 +289,9 @@ impl<A: PodActions> PodDriver<A> {
         count(&event, &step);
         self.trace_step(&event, &step);
         record.last_transition.trace_id = trace_id_of(&self.span);
-        crate::journal::on_blocking_pool(&self.journal, move |journal| journal.commit(&record)).await?;
+        crate::journal::on_blocking_pool(&self.journal, move |journal| journal.commit(&record))
+            .await
+            .map_err(|error| error.to_string())?;
         let error = &self.core.machine().last_error;
         if step.from != step.to {
             info!(pod = %self.target.name, uid = %self.target.uid, from = %step.from, to = %step.to,

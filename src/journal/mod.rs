@@ -121,6 +121,9 @@ fn storage_from_code(code: u8) -> Option<StorageKind> {
 /// Errors of the journal, each saying what it was doing.
 #[derive(Debug, Error)]
 pub enum JournalError {
+    /// Journal work panicked on the blocking pool.
+    #[error("journal work panicked: {0}")]
+    WorkPanicked(String),
     /// sled failed (disk full, I/O error...); the message says what to do where it can tell.
     #[error("journal at {dir}: {action}: {source}{}", store_hint(source))]
     Store {
@@ -251,15 +254,15 @@ const LOCK_RETRIES: u32 = 20;
 
 /// Runs journal work (an fsync, a read of the store) on tokio's blocking pool and awaits it:
 /// no async worker, which lease renewal shares, waits on the disk. The error is the work's, or
-/// the work's panic, as text.
+/// the work's panic.
 pub async fn on_blocking_pool<T: Send + 'static>(
     journal: &std::sync::Arc<Journal>,
     work: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, JournalError> {
     let journal = std::sync::Arc::clone(journal);
-    tokio::task::spawn_blocking(move || work(&journal).map_err(|error| error.to_string()))
+    tokio::task::spawn_blocking(move || work(&journal))
         .await
-        .unwrap_or_else(|panicked| Err(format!("journal work panicked: {panicked}")))
+        .unwrap_or_else(|panicked| Err(JournalError::WorkPanicked(panicked.to_string())))
 }
 
 impl Journal {

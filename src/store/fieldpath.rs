@@ -22,7 +22,7 @@ enum Segment {
 
 impl FieldPath {
     /// Parses a path; the error says where it went wrong.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, PathError> {
         let mut segments = Vec::new();
         let bytes = text.as_bytes();
         let mut i = 0;
@@ -34,16 +34,19 @@ impl FieldPath {
                     expect_key = true;
                 }
                 b'[' => {
-                    let close = text[i..].find(']').ok_or_else(|| format!("{text:?}: '[' at {i} is never closed"))?;
+                    let close =
+                        text[i..].find(']').ok_or_else(|| PathError::Unclosed { text: text.to_owned(), at: i })?;
                     let inner = &text[i + 1..i + close];
                     let segment = if let Some(quoted) = strip_quotes(inner) {
                         Segment::Key(quoted.to_owned())
                     } else if inner == "*" {
                         Segment::Each
                     } else {
-                        Segment::Index(inner.parse().map_err(|_| {
-                            format!("{text:?}: [{inner}] is neither a quoted key, a list index nor [*]")
-                        })?)
+                        Segment::Index(
+                            inner
+                                .parse()
+                                .map_err(|_| PathError::Bracket { text: text.to_owned(), inner: inner.to_owned() })?,
+                        )
                     };
                     segments.push(segment);
                     i += close + 1;
@@ -53,17 +56,17 @@ impl FieldPath {
                     let end = text[i..].find(['.', '[']).map_or(bytes.len(), |e| i + e);
                     let key = &text[i..end];
                     if key.is_empty() {
-                        return Err(format!("{text:?}: empty segment at {i}"));
+                        return Err(PathError::EmptySegment { text: text.to_owned(), at: i });
                     }
                     segments.push(Segment::Key(key.to_owned()));
                     i = end;
                     expect_key = false;
                 }
-                other => return Err(format!("{text:?}: unexpected {:?} at {i}", other as char)),
+                other => return Err(PathError::Unexpected { text: text.to_owned(), found: other as char, at: i }),
             }
         }
         if segments.is_empty() || expect_key {
-            return Err(format!("{text:?}: a path needs at least one segment and cannot end with '.'"));
+            return Err(PathError::Incomplete(text.to_owned()));
         }
         Ok(Self { text: text.to_owned(), segments })
     }
@@ -147,10 +150,55 @@ struct Kept {
     each: Option<Box<Kept>>,
 }
 
+/// Why a field path does not parse, or cannot be kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// A `[` without its `]`.
+    #[error("{text:?}: '[' at {at} is never closed")]
+    Unclosed {
+        /// The path.
+        text: String,
+        /// Where the `[` is.
+        at: usize,
+    },
+    /// Brackets around something else than a quoted key, an index or `*`.
+    #[error("{text:?}: [{inner}] is neither a quoted key, a list index nor [*]")]
+    Bracket {
+        /// The path.
+        text: String,
+        /// What the brackets hold.
+        inner: String,
+    },
+    /// Two dots in a row, or a dot before a bracket.
+    #[error("{text:?}: empty segment at {at}")]
+    EmptySegment {
+        /// The path.
+        text: String,
+        /// Where.
+        at: usize,
+    },
+    /// A character out of place.
+    #[error("{text:?}: unexpected {found:?} at {at}")]
+    Unexpected {
+        /// The path.
+        text: String,
+        /// The character.
+        found: char,
+        /// Where.
+        at: usize,
+    },
+    /// No segment, or a trailing dot.
+    #[error("{0:?}: a path needs at least one segment and cannot end with '.'")]
+    Incomplete(String),
+    /// A kept field that steps into a list by position.
+    #[error("{0}: a list item is kept by [*] (every item), not by its position")]
+    KeptByPosition(String),
+}
+
 impl Projection {
     /// The projection keeping `paths`; refused when a path steps into a list by position (an
     /// item kept alone would move to the front of its list).
-    pub fn new<'p>(paths: impl IntoIterator<Item = &'p FieldPath>) -> Result<Self, String> {
+    pub fn new<'p>(paths: impl IntoIterator<Item = &'p FieldPath>) -> Result<Self, PathError> {
         let mut root = Kept::default();
         for path in paths {
             let mut level = &mut root;
@@ -159,7 +207,7 @@ impl Projection {
                     Segment::Key(key) => level.keys.entry(key.clone()).or_default(),
                     Segment::Each => level.each.get_or_insert_with(Box::default),
                     Segment::Index(_) => {
-                        return Err(format!("{path}: a list item is kept by [*] (every item), not by its position"));
+                        return Err(PathError::KeptByPosition(path.to_string()));
                     }
                 };
             }
@@ -298,7 +346,7 @@ mod tests {
     #[test]
     fn a_projection_refuses_a_list_position_and_other_paths_refuse_each() {
         let error = Projection::new(&[FieldPath::parse("spec.ports[0]").unwrap()]).unwrap_err();
-        assert!(error.contains("[*]"), "{error}");
+        assert!(error.to_string().contains("[*]"), "{error}");
         let each = FieldPath::parse("endpoints[*].addresses").unwrap();
         assert!(each.names_many());
         assert_eq!(each.resolve(&json!({"endpoints": [{"addresses": ["a"]}]})), None);
@@ -314,7 +362,7 @@ mod tests {
             ("spec.ports[x]", "neither a quoted key"),
         ] {
             let error = FieldPath::parse(path).unwrap_err();
-            assert!(error.contains(hint), "{path}: {error}");
+            assert!(error.to_string().contains(hint), "{path}: {error}");
         }
     }
 }

@@ -222,7 +222,7 @@ impl ResourceStore {
         index_by: &[String],
         ignore_fields: &[String],
         fields: &[String],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, fieldpath::PathError> {
         let parse = |paths: &[String]| paths.iter().map(|path| FieldPath::parse(path)).collect::<Result<Vec<_>, _>>();
         let index_by = parse(index_by)?;
         let ignore_fields = parse(ignore_fields)?;

@@ -22,7 +22,7 @@ pub struct LabelSelector(Vec<Requirement>);
 
 impl LabelSelector {
     /// Parses a selector; the error names the requirement it could not read.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, SelectorError> {
         let mut requirements = Vec::new();
         for part in split_top_level(text) {
             let part = part.trim();
@@ -42,7 +42,7 @@ impl LabelSelector {
             } else if part.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
                 Requirement::Exists(part.to_owned())
             } else {
-                return Err(format!("label selector {text:?}: cannot read {part:?}"));
+                return Err(SelectorError::Unreadable { text: text.to_owned(), part: part.to_owned() });
             };
             requirements.push(requirement);
         }
@@ -82,15 +82,42 @@ fn split_top_level(text: &str) -> Vec<&str> {
     parts
 }
 
-fn split_set(part: &str, operator: &str) -> Option<(String, Result<Vec<String>, String>)> {
+fn split_set(part: &str, operator: &str) -> Option<(String, Result<Vec<String>, SelectorError>)> {
     let (key, rest) = part.split_once(operator)?;
     let rest = rest.trim();
     let values = rest
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
         .map(|inner| inner.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect())
-        .ok_or_else(|| format!("label selector: {part:?} needs a parenthesised list of values"));
+        .ok_or_else(|| SelectorError::NoValueList(part.to_owned()));
     Some((key.trim().to_owned(), values))
+}
+
+/// Why a selector does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// A label requirement that is none of the forms selectors have.
+    #[error("label selector {text:?}: cannot read {part:?}")]
+    Unreadable {
+        /// The selector.
+        text: String,
+        /// The requirement.
+        part: String,
+    },
+    /// `in` or `notin` without a list.
+    #[error("label selector: {0:?} needs a parenthesised list of values")]
+    NoValueList(String),
+    /// A field term that is not `path=value` or `path!=value`.
+    #[error("field selector {text:?}: {part:?} is not path=value or path!=value")]
+    NotATerm {
+        /// The selector.
+        text: String,
+        /// The term.
+        part: String,
+    },
+    /// A field term's path.
+    #[error(transparent)]
+    Path(#[from] super::fieldpath::PathError),
 }
 
 /// A parsed field selector such as `metadata.name=web,spec.type!=ExternalName`.
@@ -99,7 +126,7 @@ pub struct FieldSelector(Vec<(FieldPath, bool, String)>);
 
 impl FieldSelector {
     /// Parses a selector of `path=value`, `path==value` and `path!=value` terms.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, SelectorError> {
         let mut terms = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (path, equal, value) = if let Some((p, v)) = part.split_once("!=") {
@@ -107,7 +134,7 @@ impl FieldSelector {
             } else if let Some((p, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 (p, true, v)
             } else {
-                return Err(format!("field selector {text:?}: {part:?} is not path=value or path!=value"));
+                return Err(SelectorError::NotATerm { text: text.to_owned(), part: part.to_owned() });
             };
             terms.push((FieldPath::parse(path.trim())?, equal, value.trim().to_owned()));
         }

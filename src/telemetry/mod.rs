@@ -42,18 +42,29 @@ fn default_filter() -> EnvFilter {
 }
 
 /// Whether `directives` is a log filter (`info`, `haptic=debug,kube=warn`); `Err` says why not.
-pub fn check_log_filter(directives: &str) -> Result<(), String> {
-    EnvFilter::builder().parse(directives).map(drop).map_err(|error| error.to_string())
+pub fn check_log_filter(directives: &str) -> Result<(), LogFilterError> {
+    EnvFilter::builder().parse(directives).map(drop).map_err(LogFilterError::Invalid)
+}
+
+/// Why the log filter was not changed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogFilterError {
+    /// The directives do not parse.
+    #[error(transparent)]
+    Invalid(#[from] tracing_subscriber::filter::ParseError),
+    /// The subscriber refused the new filter.
+    #[error(transparent)]
+    Reload(#[from] tracing_subscriber::reload::Error),
 }
 
 /// Replaces the log filter: `directives`, or the default (`RUST_LOG`, else `info`) for `None`.
-pub fn set_log_filter(directives: Option<&str>) -> Result<(), String> {
+pub fn set_log_filter(directives: Option<&str>) -> Result<(), LogFilterError> {
     let filter = match directives {
-        Some(directives) => EnvFilter::builder().parse(directives).map_err(|error| error.to_string())?,
+        Some(directives) => EnvFilter::builder().parse(directives)?,
         None => default_filter(),
     };
     match LOG_FILTER.get() {
-        Some(handle) => handle.reload(filter).map_err(|error| error.to_string()),
+        Some(handle) => Ok(handle.reload(filter)?),
         None => Ok(()),
     }
 }

@@ -81,7 +81,7 @@ pub enum WatchError {
         /// The alias.
         alias: String,
         /// What is wrong.
-        detail: String,
+        detail: crate::store::fieldpath::PathError,
     },
 }
 
