@@ -58,8 +58,10 @@ test-integration: build env-install image
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
 	exit $$status
 
-## Soak-sized runs of the live tests that take HAPTIC_SOAK (tests/reload_pace.rs: 60 s of changes every 300 ms).
-SOAK_TESTS ?= reload_pace
+## Soak-sized runs of the live tests that take HAPTIC_SOAK: the issue-sized repetitions that
+## `make test` runs fewer of (60 s of changes every 300 ms, 140 random runtime changes, twenty
+## scale steps under a 60 s answer, five election rounds, 100 sticky requests a pod).
+SOAK_TESTS ?= reload_pace runtime deploy election annotations
 soak: build env-install
 	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
 	status=$$?; \

@@ -251,6 +251,17 @@ pub struct Backend {
     pub port: u16,
 }
 
+/// Whether this is a soak run (`make soak`, `HAPTIC_SOAK=1`): the issue-sized repetitions.
+/// `make test` runs each kind of case, fewer times.
+pub fn soak() -> bool {
+    std::env::var_os("HAPTIC_SOAK").is_some()
+}
+
+/// `in_test` repetitions in `make test`, `in_soak` in `make soak`.
+pub fn repetitions(in_test: usize, in_soak: usize) -> usize {
+    if soak() { in_soak } else { in_test }
+}
+
 /// Serialises tests that change what the shared pods run, so their configuration versions and
 /// answers are their own. Hold the guard for the whole test.
 pub async fn exclusive_pods() -> tokio::sync::MutexGuard<'static, ()> {
