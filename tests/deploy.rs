@@ -204,8 +204,11 @@ async fn a_hand_push_to_one_pod_is_undone_within_a_drift_interval_set_while_runn
     let undone = || async { anyhow::Ok(dataplane.raw_configuration().await?.text.contains(&format!("# test {hint}"))) };
     // A new controller checks each pod a second time within its first minute (a write of a
     // term before may land late); the interval is the next check after that.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    ensure!(!undone().await?, "undone within 2 s of a 600 s interval\n{}", controller.log_tail());
+    env::holds_throughout(Duration::from_secs(2), "undone within 2 s of a 600 s interval", || async {
+        Ok(!undone().await?)
+    })
+    .await
+    .with_context(|| controller.log_tail())?;
     let before = writes_of_every_pod().await?;
     let configs: Api<HAProxyTemplateConfig> = Api::namespaced(client.clone(), &namespace);
     let faster = Patch::Merge(json!({"spec": {"dataplane": {"driftPreventionInterval": "3s"}}}));
@@ -385,9 +388,10 @@ async fn a_reload_that_fails_on_a_2_8_and_a_2_6_pod_leaves_both_on_their_last_go
             &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
         )
         .await?;
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    let after = writes_of_every_pod().await?;
-    ensure!(after == before, "the refused files were pushed again: {before:?} → {after:?}");
+    env::holds_throughout(Duration::from_secs(7), "the refused files were pushed again", || async {
+        Ok(writes_of_every_pod().await? == before)
+    })
+    .await?;
     let pods = controller.pods_view().await?;
     for victim in &victims {
         let view = pods.iter().find(|p| p["name"] == victim.name.as_str()).context("victim in the view")?;
@@ -408,10 +412,13 @@ async fn a_template_without_a_final_newline_or_with_crlf_is_in_sync_after_one_pu
     let controller = launch(env, &namespace)?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     let before = writes_of_every_pod().await?;
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    // Three drift checks later: still the same files, found as pushed, never pushed again.
+    // Three drift checks: still the same files, found as pushed, never pushed again.
+    env::holds_throughout(Duration::from_secs(6), "a pod drifted forever: re-pushed", || async {
+        Ok(writes_of_every_pod().await? == before)
+    })
+    .await
+    .with_context(|| controller.log_tail())?;
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
-    ensure!(writes_of_every_pod().await? == before, "a pod drifted forever: re-pushed\n{}", controller.log_tail());
     Ok(())
 }
 

@@ -124,8 +124,7 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
     b.wait_for_config("replica B's render", Duration::from_secs(30), |cfg| cfg.contains("maxconn 100")).await?;
 
     // Exactly one deploys: A's drivers journal their attempts, B renders but touches no pod.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    ensure!(!leads(&api_b).await?, "both replicas lead");
+    env::holds_throughout(Duration::from_secs(3), "both replicas lead", || async { Ok(!leads(&api_b).await?) }).await?;
     let a_attempts = transitions(&api_a, &namespace).await?;
     ensure!(!a_attempts.is_empty(), "the leader deploys: {}", a.log_tail());
     ensure!(transitions(&api_b, &namespace).await?.is_empty(), "the follower must not deploy");
@@ -152,9 +151,10 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
         a_down.duration_since(cut_at),
         b_up.duration_since(cut_at)
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let late: Vec<Value> = transitions(&api_a, &namespace).await?.into_iter().filter(|t| at(t) > a_down_wall).collect();
-    ensure!(late.is_empty(), "A went on deploying after stepping down: {late:?}");
+    env::holds_throughout(Duration::from_secs(2), "A went on deploying after stepping down", || async {
+        Ok(transitions(&api_a, &namespace).await?.iter().all(|t| at(t) <= a_down_wall))
+    })
+    .await?;
     let b_attempts = transitions(&api_b, &namespace).await?;
     ensure!(!b_attempts.is_empty(), "the new leader deploys: {}", b.log_tail());
     ensure!(
@@ -164,8 +164,10 @@ async fn one_leader_deploys_a_partitioned_leader_steps_down_first_and_a_killed_o
 
     // Heal A (it stays a follower: B holds the Lease), then SIGKILL B: A takes over in time.
     proxy.heal();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    ensure!(!leads(&api_a).await?, "A must not lead while B holds the Lease");
+    env::holds_throughout(Duration::from_secs(2), "A leads while B holds the Lease", || async {
+        Ok(!leads(&api_a).await?)
+    })
+    .await?;
     let killed_at = Instant::now();
     drop(b.kill());
     let a_up = wait_until_leading(&api_a, true, Duration::from_secs(DURATION_SECS + 10))

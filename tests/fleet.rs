@@ -40,10 +40,20 @@ async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_af
     let dir = tempfile::tempdir()?;
     let journal_dir = dir.path().join("journal");
     let controller = ControllerProcess::start_in(env, &namespace, "test", dir, &journal_dir)?;
-    // Verification fails at once, then after 1 s and 2 s of backoff: give it time for a few.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    // The HTTP API shows the same, and keeps the password to itself.
+    // Verification fails at once, then after 1 s and 2 s of backoff: wait for two attempts.
     let api = controller.api_url().await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        // (No record yet: not found.)
+        let answer = reqwest::get(format!("{api}/api/v1/pods/{namespace}/ghost?limit=2")).await?;
+        let one: serde_json::Value = if answer.status().is_success() { answer.json().await? } else { json!({}) };
+        if one["transitions"].as_array().is_some_and(|t| t.len() == 2) {
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "no second attempt within 20 s: {one}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The HTTP API shows the same, and keeps the password to itself.
     let answer = reqwest::get(format!("{api}/api/v1/pods")).await?.text().await?;
     let pods: serde_json::Value = serde_json::from_str(&answer)?;
     ensure!(pods["pods"][0]["uid"] == uid.0.as_str() && pods["pods"][0]["state"] == "Unknown", "{answer}");

@@ -6,7 +6,7 @@ mod env;
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, Launch};
 use haptic::config::{HAProxyTemplateConfig, HaproxyVersion};
 use kube::api::{Api, Patch, PatchParams};
@@ -67,13 +67,17 @@ async fn a_pod_below_the_minimum_haproxy_is_refused_and_shown_and_deployed_once_
         )
         .await?;
     // Drift checks come and go (every 2 s): the old pods are read, never written.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    for (pod, before) in old_pods.iter().zip(&writes_before) {
-        let after = env.writes(pod).await?;
-        ensure!(after == *before, "{} was written to: {before:?} → {after:?}\n{shown:#?}", pod.name);
-        let raw = env.dataplane(pod).raw_configuration().await?.text;
-        ensure!(!raw.contains(&format!("# test {tag}")), "{} runs this configuration's render", pod.name);
-    }
+    env::holds_throughout(Duration::from_secs(5), "an old pod was written to, or runs this render", || async {
+        for (pod, before) in old_pods.iter().zip(&writes_before) {
+            let raw = env.dataplane(pod).raw_configuration().await?.text;
+            if env.writes(pod).await? != *before || raw.contains(&format!("# test {tag}")) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await
+    .with_context(|| format!("{shown:#?}"))?;
     let still: Vec<_> = controller.pods_view().await?;
     for pod in &still {
         let refused = pod["name"].as_str().and_then(version_of).is_some_and(|v| old(&v));

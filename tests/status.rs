@@ -103,9 +103,10 @@ async fn conditions_and_events_follow_failures_and_recoveries_and_nothing_is_rew
 
     // Idle: the pod keeps failing the same way; neither the status nor the Events move.
     let before = configs.get_status("test").await?.metadata.resource_version;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = configs.get_status("test").await?.metadata.resource_version;
-    ensure!(before == after, "the status was rewritten with nothing changed ({before:?} → {after:?})");
+    env::holds_throughout(Duration::from_secs(4), "the status was rewritten with nothing changed", || async {
+        Ok(configs.get_status("test").await?.metadata.resource_version == before)
+    })
+    .await?;
     ensure!(events_with_reason(&events, "PodsFailing").await?.len() == 1, "a failure is announced once");
 
     // A template that compiles but fails to render: Rendered False, a Warning; then fixed.

@@ -88,12 +88,16 @@ async fn a_version_whose_validation_tests_fail_is_not_activated_and_haptic_valid
     }
 
     // The previous version keeps serving: every pod still runs its render, drift checks and all.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    for pod in &env.pods {
-        let raw = env.dataplane(pod).raw_configuration().await?.text;
-        ensure!(raw.contains(&format!("# test {tag}\n")), "{} no longer runs the last good version", pod.name);
-        ensure!(!raw.contains(&broken_tag), "{} runs the refused version", pod.name);
-    }
+    env::holds_throughout(Duration::from_secs(4), "a pod stopped running the last good version", || async {
+        for pod in &env.pods {
+            let raw = env.dataplane(pod).raw_configuration().await?.text;
+            if !raw.contains(&format!("# test {tag}\n")) || raw.contains(&broken_tag) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await?;
     controller.wait_all_in_sync(env.pods.len(), Duration::from_secs(10)).await?;
 
     // `haptic validate` on the same configuration: non-zero, the same message.

@@ -7,7 +7,7 @@ mod env;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use env::controller::{ControllerProcess, create_test_config, ensure_haptic_crd};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
@@ -44,12 +44,11 @@ async fn watching_resumes_after_an_api_server_restart_without_spurious_renders()
         .status()?;
     ensure!(restart.success(), "restarting the API server failed");
     // Give the watches time to notice, back off, reconnect and (if they must) re-list.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    ensure!(
-        controller.renders().len() == renders_before,
-        "an API server restart with no change rendered anyway:\n{}",
-        controller.log_tail()
-    );
+    env::holds_throughout(Duration::from_secs(8), "an API server restart with no change rendered anyway", || async {
+        Ok(controller.renders().len() == renders_before)
+    })
+    .await
+    .with_context(|| controller.log_tail())?;
 
     let client = env.kube_client().await?;
     let services: Api<Service> = Api::namespaced(client, &namespace);

@@ -251,6 +251,27 @@ pub struct Backend {
     pub port: u16,
 }
 
+/// Checks `holds` every 100 ms for `period` and fails, saying `what` and when, the first time
+/// it does not: a negative check ("nothing is written") that also sees a change that comes and
+/// goes, where one look after a fixed sleep would miss it.
+pub async fn holds_throughout<F, Fut>(period: Duration, what: &str, mut holds: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let started = Instant::now();
+    loop {
+        if !holds().await? {
+            bail!("{what} (seen {:?} into {period:?})", started.elapsed());
+        }
+        let left = period.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Ok(());
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(100))).await;
+    }
+}
+
 /// Whether this is a soak run (`make soak`, `HAPTIC_SOAK=1`): the issue-sized repetitions.
 /// `make test` runs each kind of case, fewer times.
 pub fn soak() -> bool {
