@@ -293,11 +293,22 @@ async fn an_invalid_configuration_changes_no_pod_says_haproxys_message_and_a_fix
     let fixed = own_template(&format!("{hint}-fixed"), "");
     let fix = Patch::Merge(json!({"spec": {"templates": {"haproxyConfig": fixed, "maps": {"keep.map": "good\n"}}}}));
     configs.patch("test", &PatchParams::default(), &fix).await?;
+    // Every pod runs the fix: pushed, or patched at run time by a pod whose driver never got to
+    // the refused version (the fix differs from the last good files in a comment only, which
+    // needs no reload).
+    controller.wait_for_config("the fix rendered", WITHIN, |cfg| cfg.contains(&format!("# test {hint}-fixed"))).await?;
+    let fix_checksum = haptic::files::Checksum::of(controller.file("haproxy.cfg").as_bytes()).to_string();
     controller
         .wait_for_pods("the fix deployed", env.pods.len(), WITHIN, |pod| {
-            pod["state"] == "InSync" && pod["lastTransition"]["reason"] == "Pushed"
+            let mut pushed = pod["pushedChecksums"].as_array().into_iter().flatten();
+            pod["state"] == "InSync"
+                && pushed.any(|f| f["name"] == "haproxy.cfg" && f["checksum"] == fix_checksum.as_str())
         })
         .await?;
+    for pod in &env.pods {
+        let text = env.dataplane(pod).raw_configuration().await?.text;
+        ensure!(text.contains(&format!("# test {hint}-fixed")), "{} does not run the fix", pod.name);
+    }
     Ok(())
 }
 
