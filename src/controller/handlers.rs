@@ -58,6 +58,8 @@ pub(super) struct Leading {
     pub(super) leadership: watch::Receiver<Leadership>,
     /// The fence every write to a pod asks.
     pub(super) fence: Arc<Fence>,
+    /// Without election, the lone replica's leadership, kept so that it stays open.
+    pub(super) _solo: Option<watch::Sender<Leadership>>,
 }
 
 /// Everything the controller keeps between events.
@@ -103,6 +105,15 @@ pub(super) fn writes_status(leadership: Leadership, journal: &Option<Arc<Journal
     leadership.is_leader() || journal.is_none()
 }
 
+/// Asked by each status writer before a pass: [`writes_status`] as the leadership is then.
+fn status_permission(
+    leading: &Leading,
+    journal: &Option<Arc<Journal>>,
+) -> impl Fn() -> bool + Clone + Send + Sync + 'static {
+    let (leadership, journal) = (leading.leadership.clone(), journal.clone());
+    move || writes_status(*leadership.borrow(), &journal)
+}
+
 impl Controller {
     /// The controller's state before any event, with the channels its loop waits on. Its
     /// writers and the tasks they start run under `tasks`.
@@ -120,10 +131,7 @@ impl Controller {
         let (culprits_tx, culprits) = mpsc::channel(4);
         let mut status_tick = tokio::time::interval(std::time::Duration::from_secs(1));
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let may_write = {
-            let (leadership, journal) = (leading.leadership.clone(), journal.clone());
-            move || writes_status(*leadership.borrow(), &journal)
-        };
+        let may_write = status_permission(&leading, &journal);
         let instance = options.election.as_ref().map(|e| e.identity.clone()).unwrap_or_else(|| "haptic".into());
         let configs = kube::Api::namespaced(client.clone(), &options.namespace);
         let writer = StatusWriter::new(client.clone(), configs, options.name.clone(), instance);
@@ -349,9 +357,8 @@ impl Controller {
             old.abort();
             info!("fleet stopped: all pushes halted");
         }
-        if let (Leadership::Leader(term), Some(journal)) = (now, &self.journal) {
-            let fence = self.leading.fence.clone();
-            self.deployer = Some(deploy::Deployer::new(journal.clone(), term, fence, self.tasks.clone()));
+        if let Leadership::Leader(term) = now {
+            self.start_fleet(term);
             self.deploy_last_render();
         }
     }
@@ -393,14 +400,20 @@ impl Controller {
         });
         self.api.set_render(generation, Arc::new(files.clone()));
         self.journal_slots().await;
-        if self.deployer.is_none()
-            && let (Leadership::Leader(term), Some(journal)) = (*self.leading.leadership.borrow(), &self.journal)
-        {
-            let fence = self.leading.fence.clone();
-            self.deployer = Some(deploy::Deployer::new(journal.clone(), term, fence, self.tasks.clone()));
+        let leadership = *self.leading.leadership.borrow();
+        if let (None, Leadership::Leader(term)) = (&self.deployer, leadership) {
+            self.start_fleet(term);
         }
         self.last_render = Some((files, trace));
         self.deploy_last_render();
+    }
+
+    /// Starts this term's fleet, when there is a journal to deploy with.
+    fn start_fleet(&mut self, term: crate::pod::LeaderTerm) {
+        if let Some(journal) = &self.journal {
+            let fence = self.leading.fence.clone();
+            self.deployer = Some(deploy::Deployer::new(journal.clone(), term, fence, self.tasks.clone()));
+        }
     }
 
     /// Offers the Gateway API status the last render owes, starting the writer when needed.
@@ -408,8 +421,7 @@ impl Controller {
         let Some(active) = &self.active else { return };
         let (Some(settings), true) = (&active.spec.gateway_api, self.writes_status()) else { return };
         let writer = self.gateway_writer.get_or_insert_with(|| {
-            let (leadership, journal) = (self.leading.leadership.clone(), self.journal.clone());
-            let may_write = move || writes_status(*leadership.borrow(), &journal);
+            let may_write = status_permission(&self.leading, &self.journal);
             let writes = GatewayStatusWriter::new(self.client.clone(), settings.controller_name.clone());
             StatusTask::start(&self.tasks, "gateway status", writes, may_write)
         });
@@ -515,7 +527,7 @@ mod tests {
     fn harness(journal: Option<Arc<Journal>>) -> Harness {
         let (leadership, watched) = watch::channel(Leadership::Follower);
         let tasks = TaskTree::default();
-        let leading = Leading { leadership: watched, fence: Arc::new(Fence::unbounded(LeaderTerm(1))) };
+        let leading = Leading { leadership: watched, fence: Arc::new(Fence::unbounded(LeaderTerm(1))), _solo: None };
         let (controller, inbox) =
             Controller::new(nowhere(), options(), futures::stream::pending().boxed(), journal, leading, tasks.clone());
         Harness { controller, inbox, leadership, tasks }

@@ -260,23 +260,11 @@ struct Election {
     _task: OwnedTask,
     ended: oneshot::Receiver<()>,
     stop: oneshot::Sender<()>,
-    /// The lone replica's leadership, kept so that it stays open.
-    solo: Option<watch::Sender<Leadership>>,
 }
 
 impl Election {
-    /// No election: this replica's leadership is `leadership` for as long as it runs.
-    fn solo(leadership: watch::Sender<Leadership>, tasks: &TaskTree) -> Self {
-        let (stop, _) = oneshot::channel();
-        let (_, ended) = oneshot::channel();
-        Self { _task: tasks.spawn("no election", async {}), ended, stop, solo: Some(leadership) }
-    }
-
     /// Hands the Lease back, waiting up to 5 s.
     async fn hand_back(self) {
-        if self.solo.is_some() {
-            return;
-        }
         let _ = self.stop.send(());
         if tokio::time::timeout(Duration::from_secs(5), self.ended).await.is_err() {
             warn!("the Lease was not handed back within 5s; another replica takes over when it expires");
@@ -301,11 +289,12 @@ async fn start_leading(
             crate::telemetry::metrics::metrics().leader.set(1);
             leadership_tx.send_replace(Leadership::Leader(LeaderTerm::default()));
             let fence = Fence::unbounded(LeaderTerm::default());
-            return (Leading { leadership, fence: Arc::new(fence) }, Some(Election::solo(leadership_tx, tasks)));
+            let solo = Some(leadership_tx);
+            return (Leading { leadership, fence: Arc::new(fence), _solo: solo }, None);
         }
         (_, None) => {
-            let fence = Fence::default();
-            return (Leading { leadership, fence: Arc::new(fence) }, Some(Election::solo(leadership_tx, tasks)));
+            let solo = Some(leadership_tx);
+            return (Leading { leadership, fence: Arc::new(Fence::default()), _solo: solo }, None);
         }
     };
     let settings = election_timings(configs, &options.name, settings).await;
@@ -314,7 +303,7 @@ async fn start_leading(
     let fence = Arc::new(Fence::default());
     let election = crate::election::run(client.clone(), settings, leadership_tx, fence.clone(), stopped);
     let (task, ended) = tasks.spawn_returning("leader election", election);
-    (Leading { leadership, fence }, Some(Election { _task: task, ended, stop, solo: None }))
+    (Leading { leadership, fence, _solo: None }, Some(Election { _task: task, ended, stop }))
 }
 
 /// Starts the HTTP API, the admission webhook and health, as the options ask.
