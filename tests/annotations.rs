@@ -127,19 +127,9 @@ async fn describe(answer: reqwest::Result<reqwest::Response>, look: Look) -> Str
     }
 }
 
-/// Asks every pod (all at once: each is its own HAProxy) and returns the common answer, or
-/// each pod's when they differ.
+/// Asks every pod at once; the common answer, or each pod's when they differ.
 async fn on_every_pod(http: &reqwest::Client, env: &env::Manifest, host: &str, ask: &Ask, look: Look) -> String {
-    let probes = env
-        .pods
-        .iter()
-        .map(|pod| async move { (pod.haproxy_version.clone(), probe(http, pod, host, ask, look).await) });
-    let mut answers = futures::future::join_all(probes).await;
-    if answers.iter().all(|(_, answer)| *answer == answers[0].1) {
-        answers.remove(0).1
-    } else {
-        answers.iter().map(|(version, answer)| format!("{version}: {answer}")).collect::<Vec<_>>().join("; ")
-    }
+    env::on_every_pod(&env.pods, |pod| probe(http, pod, host, ask, look)).await
 }
 
 fn ingress(

@@ -453,6 +453,25 @@ pub async fn every_pod_answers_each(
     }
 }
 
+/// Asks every pod at once (each is its own HAProxy) with `ask` and returns the common answer,
+/// or, when they differ, each pod's prefixed with its HAProxy version: a conformance row passes
+/// only when every version of the environment answers as expected.
+pub async fn on_every_pod<'a, F, Fut>(pods: &'a [EnvPod], ask: F) -> String
+where
+    F: Fn(&'a EnvPod) -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    let answers = futures::future::join_all(pods.iter().map(|pod| {
+        let answer = ask(pod);
+        async move { (pod.haproxy_version.as_str(), answer.await) }
+    }))
+    .await;
+    match answers.first() {
+        Some((_, first)) if answers.iter().all(|(_, answer)| answer == first) => first.clone(),
+        _ => answers.iter().map(|(version, answer)| format!("{version}: {answer}")).collect::<Vec<_>>().join("; "),
+    }
+}
+
 /// GETs `/hello` through HAProxy at `address` until `backend` answers (reloads take a moment).
 pub async fn get_until_answered_by(http: &reqwest::Client, address: &str, backend: &str) -> Result<String> {
     let url = format!("http://{address}/hello");
