@@ -1,21 +1,15 @@
-//! A standalone HAProxy running what the real controller rendered, for tests and the demo
-//! while the Dataplane API, which deploys renders to pods, cannot be built here: backends on
-//! this machine's own address (EndpointSlices refuse loopback ones), their Services, the
-//! chart's configuration bound to one loopback address, and the render loaded by copy.
+//! The chart's library on the environment's pods: backends on the environment's backend host
+//! (EndpointSlices refuse loopback addresses), their Services and Ingresses, and the chart's
+//! configuration for the pods, which the real controller deploys through their Dataplane APIs.
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
-
-use super::controller::ControllerProcess;
 
 /// The address of the environment's backend host (a network namespace on 198.18.0.0/15 that
 /// `envctl.py up` makes): EndpointSlices refuse loopback, and the machine's own address is
@@ -33,109 +27,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// HAProxy running the controller's files from `dir`.
-pub struct Haproxy {
-    _process: Process,
-    dir: PathBuf,
-}
-
-impl Haproxy {
-    /// Starts HAProxy on `dir/haproxy.cfg`, waiting for `frontend`:8080 to answer.
-    pub fn start(binary: &Path, dir: &Path, frontend: &str) -> Result<Self> {
-        let log = std::fs::File::create(dir.join("haproxy.log"))?;
-        let child = Command::new(binary)
-            .arg("-W")
-            .arg("-db")
-            .arg("-S")
-            .arg(dir.join("master.sock"))
-            .arg("-f")
-            .arg(dir.join("haproxy.cfg"))
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        let haproxy = Self { _process: Process(child), dir: dir.to_owned() };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect((frontend, 8080)).is_err() {
-            ensure!(Instant::now() < deadline, "HAProxy did not start:\n{}", haproxy.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(haproxy)
-    }
-
-    /// Reloads through the master CLI.
-    pub fn reload(&self) -> Result<()> {
-        let mut socket = std::os::unix::net::UnixStream::connect(self.dir.join("master.sock"))?;
-        socket.write_all(b"reload\n")?;
-        socket.shutdown(std::net::Shutdown::Write)?;
-        let mut answer = String::new();
-        socket.read_to_string(&mut answer)?;
-        ensure!(answer.starts_with("Success=1"), "reload refused: {answer}\n{}", self.log());
-        Ok(())
-    }
-
-    /// HAProxy's output so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default()
-    }
-}
-
-/// Puts the controller's latest render where the configuration's paths point. Certificates are
-/// never in the render directory (they hold keys): each one the crt-list names is written from
-/// the Secret it came from (`<namespace>_<secret>.pem`).
-pub fn install_render(
-    controller: &ControllerProcess,
-    dir: &Path,
-    namespace: &str,
-    pems: &BTreeMap<String, String>,
-) -> Result<()> {
-    std::fs::create_dir_all(dir.join("maps"))?;
-    std::fs::create_dir_all(dir.join("general"))?;
-    std::fs::create_dir_all(dir.join("certs"))?;
-    // A render's record is written after its files: before the first one, `haproxy.cfg` may be
-    // there and `maps/` not yet (a test that read the directory then failed on it, in CI).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while controller.renders().is_empty() {
-        ensure!(Instant::now() < deadline, "no render recorded within 30 s:\n{}", controller.log_tail());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let crt_list = std::fs::read_to_string(controller.render_dir.join("files/crt-list.txt")).unwrap_or_default();
-    let config = std::fs::read_to_string(controller.render_dir.join("haproxy.cfg")).unwrap_or_default();
-    // Certificates a crt-list names, and those bind lines name with `crt` (Gateway listeners).
-    let mut paths: Vec<&str> = crt_list.lines().filter_map(|line| line.split_whitespace().next()).collect();
-    for line in config.lines().filter(|line| line.trim_start().starts_with("bind ")) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        paths.extend(words.windows(2).filter(|pair| pair[0] == "crt").map(|pair| pair[1]));
-    }
-    paths.sort_unstable();
-    paths.dedup();
-    for path in paths {
-        let file =
-            Path::new(path).file_name().context("a crt-list line without a file")?.to_string_lossy().into_owned();
-        let (secret, pem) = pems
-            .iter()
-            // A Secret of the test's namespace by its name; of another by `<namespace>_<name>`.
-            .find(|(secret, _)| file == format!("{namespace}_{secret}.pem") || file == format!("{secret}.pem"))
-            .with_context(|| format!("{file} names no Secret of the test"))?;
-        ensure!(
-            !controller.render_dir.join("certs").join(&file).exists(),
-            "the key of {secret} reached the render directory"
-        );
-        std::fs::write(dir.join("certs").join(&file), pem)?;
-    }
-    std::fs::copy(controller.render_dir.join("haproxy.cfg"), dir.join("haproxy.cfg"))?;
-    for (from, to) in [("maps", "maps"), ("files", "general")] {
-        for entry in std::fs::read_dir(controller.render_dir.join(from))? {
-            let entry = entry?;
-            // A render being written leaves `<name>.tmp` files for a moment, renamed after.
-            if entry.file_name().to_string_lossy().ends_with(".tmp") {
-                continue;
-            }
-            std::fs::copy(entry.path(), dir.join(to).join(entry.file_name()))?;
-        }
-    }
-    Ok(())
 }
 
 /// Starts the backends `name=address:port` (one process) on the environment's backend host
@@ -247,7 +138,7 @@ pub fn endpoint_slice(name: &str, service: &str, address: &str, port: u16) -> Re
 }
 
 /// Applies the chart's default configuration (`haptic`) for release `release`, bound to
-/// `frontend` (HTTP 8080, HTTPS 8443, health 8404) with its files under `dir`, watching only
+/// `frontend` (for a controller that only renders, which no pod matches) (HTTP 8080, HTTPS 8443, health 8404) with its files under `dir`, watching only
 /// `namespace` (other tests share the API server).
 pub async fn apply_library_config(
     client: &kube::Client,
@@ -366,27 +257,4 @@ async fn apply_chart_config(
     let name = config.metadata.name.clone().context("the configuration has no name")?;
     configs.patch(&name, &PatchParams::apply("haptic-tests"), &Patch::Apply(&config)).await?;
     Ok(())
-}
-
-/// Launches the real controller (render only) on `namespace`'s configuration `haptic`, waits
-/// for a render `done` accepts (`what` names it in the error), installs it under `dir` with
-/// the certificates of `pems`, and starts HAProxy 2.8 on exactly those files at `frontend`.
-pub async fn render_into_haproxy(
-    env: &super::Manifest,
-    namespace: &str,
-    dir: &Path,
-    pems: &BTreeMap<String, String>,
-    frontend: &str,
-    what: &str,
-    done: impl Fn(&str) -> bool,
-) -> Result<(ControllerProcess, Haproxy)> {
-    let launch = super::controller::Launch { args: vec!["--render-only".into()], ..Default::default() };
-    let controller_dir = tempfile::tempdir()?;
-    let journal = controller_dir.path().join("journal");
-    let controller = ControllerProcess::launch(env, namespace, "haptic", controller_dir, &journal, &launch)?;
-    controller.wait_for_config(what, Duration::from_secs(60), done).await?;
-    install_render(&controller, dir, namespace, pems)?;
-    let binary = super::chart::haproxy_binaries()?.into_iter().next().context("HAProxy 2.8")?;
-    let haproxy = Haproxy::start(&binary, dir, frontend)?;
-    Ok((controller, haproxy))
 }
