@@ -35,8 +35,12 @@ async fn the_api_matches_its_openapi_document() -> Result<()> {
     .await?;
     let controller = ControllerProcess::start(env, &namespace, "test")?;
     let api = controller.api_url().await?;
-    // Let the pods get journal records, so the pod routes have something to show.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every pod with a journal record first, so the pod routes have something to show.
+    controller
+        .wait_for_pods("a journal record for every pod", env.pods.len(), Duration::from_secs(30), |pod| {
+            pod["lastTransition"].is_object()
+        })
+        .await?;
 
     let st = schemathesis()?;
     // schemathesis keeps a cache in its working directory; keep it out of the project.

@@ -728,7 +728,17 @@ async fn an_endpoint_moving_port_reaches_clients_whose_request_was_in_flight_on_
         let task = tokio::spawn(async move { request.await?.text().await });
         in_flight.push((pod, http, task));
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The backend logs each answer as it starts it: every pod's request is then in flight.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(work.path().join("backends.log")).unwrap_or_default();
+        let streaming = log.lines().filter(|l| l.starts_with("old-port: ") && l.contains("/stream?seconds=3")).count();
+        if streaming >= env.pods.len() {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "{streaming} of the pods' requests reached the backend within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(client.clone(), &namespace);
     slices
         .patch("web-1", &PatchParams::default(), &Patch::Merge(json!({"ports": [{"name": "http", "port": 18711}]})))

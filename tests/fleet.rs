@@ -85,7 +85,17 @@ async fn an_unreachable_pod_is_journaled_with_its_error_backs_off_and_resumes_af
 
     // Restart on the same journal: the record is resumed and the attempts go on from it.
     let controller = ControllerProcess::start_in(env, &namespace, "test", dir, &journal_dir)?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let api = controller.api_url().await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = reqwest::get(format!("{api}/api/v1/pods/{namespace}/ghost?limit=1")).await?;
+        let one: serde_json::Value = if answer.status().is_success() { answer.json().await? } else { json!({}) };
+        if one["pod"]["lastTransition"]["seq"].as_u64().is_some_and(|seq| seq > seq_before) {
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "no attempt after the restart within 20 s: {one}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let log = controller.log_text();
     // Keep the directory (and the journal in it) alive until the end of the test.
     let _dir = controller.kill();

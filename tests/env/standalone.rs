@@ -138,8 +138,8 @@ pub fn endpoint_slice(name: &str, service: &str, address: &str, port: u16) -> Re
 }
 
 /// Applies the chart's default configuration (`haptic`) for release `release`, bound to
-/// `frontend` (for a controller that only renders, which no pod matches) (HTTP 8080, HTTPS 8443, health 8404) with its files under `dir`, watching only
-/// `namespace` (other tests share the API server).
+/// `frontend` (HTTP 8080, HTTPS 8443, health 8404) with its files under `dir`, watching only
+/// `namespace` (other tests share the API server): for a controller that only renders.
 pub async fn apply_library_config(
     client: &kube::Client,
     namespace: &str,
