@@ -43,16 +43,17 @@ test-env-scripts:
 # The integration tests share one environment, started here and always stopped afterwards.
 # Every part is real and must start (the Dataplane API is built from its upstream source):
 # when one cannot, `envctl.py up` fails and says why, and so does `make test`.
-# The image is built first: tests/image.rs checks it and runs its binary. It is built with the
+# The image is built first: tests/cluster/image.rs checks it and runs its binary. It is built with the
 # `image-test` profile: the release image's code without whole-program optimisation, which only
 # makes the binary smaller and faster and costs minutes of build. Only the integration tests
-# (`--test '*'`) run here: the unit tests ran in test-unit.
+# run here (tests/run-integration: the pods' and the cluster's side by side, then the two that
+# run alone); the unit tests ran in test-unit.
 test-integration: IMAGE_PROFILE = image-test
 test-integration: build env-install image
 	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
 	status=$$?; \
 	if [ $$status -eq 0 ]; then \
-		HAPTIC_IMAGE_DIR=$(abspath $(IMAGE_DIR)) HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test --no-fail-fast --test '*' -- --test-threads=4; \
+		HAPTIC_IMAGE_DIR=$(abspath $(IMAGE_DIR)) HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) tests/run-integration; \
 		status=$$?; \
 	fi; \
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
@@ -61,12 +62,12 @@ test-integration: build env-install image
 ## Soak-sized runs of the live tests that take HAPTIC_SOAK: the issue-sized repetitions that
 ## `make test` runs fewer of (60 s of changes every 300 ms, 140 random runtime changes, twenty
 ## scale steps under a 60 s answer, five election rounds, 100 sticky requests a pod).
-SOAK_TESTS ?= reload_pace runtime deploy election annotations
+SOAK_TESTS ?= reload_pace:: runtime:: deploy:: election:: annotations::
 soak: build env-install
 	@$(ENVCTL) up --quiet --state-dir $(TEST_ENV_DIR) --net $(TEST_ENV_NET) --pods $(PODS); \
 	status=$$?; \
 	if [ $$status -eq 0 ]; then \
-		HAPTIC_SOAK=1 HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test $(addprefix --test ,$(SOAK_TESTS)) -- --nocapture; \
+		HAPTIC_SOAK=1 HAPTIC_ENV_DIR=$(abspath $(TEST_ENV_DIR)) cargo test --test pods -- --nocapture $(SOAK_TESTS); \
 		status=$$?; \
 	fi; \
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \

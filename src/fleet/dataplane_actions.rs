@@ -845,7 +845,7 @@ mod tests {
 
 /// Request shapes only: what the adapter sends for a validate-then-push of a configuration
 /// with one new map and one new certificate, against a scripted server answering as v3.2.7
-/// does. The real API is exercised by the integration tests (tests/dataplane.rs, tests/deploy.rs).
+/// does. The real API is exercised by the integration tests (tests/pods/dataplane.rs, tests/pods/deploy.rs).
 #[cfg(test)]
 mod request_shapes {
     use std::collections::BTreeMap;

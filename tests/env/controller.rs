@@ -256,7 +256,7 @@ impl ControllerProcess {
             .args(&extra.args)
             .env("KUBECONFIG", extra.kubeconfig.as_ref().unwrap_or(&env.kubeconfig))
             .env("RUST_LOG", "info,haptic=debug")
-            // Tests read the API without a token and over http; `tests/api.rs` turns
+            // Tests read the API without a token and over http; `tests/cluster/api.rs` turns
             // authentication and TLS back on.
             .env("HAPTIC_API_AUTH", "none")
             .env("HAPTIC_API_PLAINTEXT", "true")

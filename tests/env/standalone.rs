@@ -226,7 +226,7 @@ async fn apply_chart_config(
         ("haproxy.ports.https", "8443".into()),
         ("haproxy.ports.health", "8404".into()),
         // The environment's pods serve their Dataplane API over http (its TLS pods are
-        // tests/dataplane_tls.rs's), not with the Secret the chart's controller would make.
+        // tests/pods/dataplane_tls.rs's), not with the Secret the chart's controller would make.
         ("haproxy.dataplane.tls.enabled", "false".into()),
         ("config.watchedResources.ingresses.namespaces", only_here.clone()),
         ("config.watchedResources.services.namespaces", only_here.clone()),
