@@ -290,6 +290,14 @@ pub async fn exclusive_pods() -> tokio::sync::MutexGuard<'static, ()> {
     PODS.lock().await
 }
 
+/// Serialises tests whose controller validates through the environment's validator (its one
+/// Dataplane API and storage, which each controller brings to its own render). A test that
+/// also holds `exclusive_pods` takes that first.
+pub async fn exclusive_validator() -> tokio::sync::MutexGuard<'static, ()> {
+    static VALIDATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    VALIDATOR.lock().await
+}
+
 /// The running environment, started on first use if needed.
 pub fn environment() -> &'static Manifest {
     static MANIFEST: OnceLock<Manifest> = OnceLock::new();

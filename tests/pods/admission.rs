@@ -222,6 +222,7 @@ async fn the_webhook_checks_renders_through_the_validators_dataplane_api_and_wri
     let env = env::environment();
     // No other test may write to the pods while this one checks that nothing does.
     let _pods = env::exclusive_pods().await;
+    let _validator = env::exclusive_validator().await;
     let spec = json!({
         "templates": {"haproxyConfig": STORED_TEMPLATE, "maps": {"hosts.map": HOSTS_MAP, "sources.map": SOURCES_MAP}},
         "dataplane": {"mapsDir": "/var/run/haproxy/maps", "certsDir": "/var/run/haproxy/ssl",

@@ -28,6 +28,7 @@ const GOOD: usize = 49;
 async fn one_ingress_haproxy_refuses_among_fifty_is_left_out_and_the_rest_served() -> Result<()> {
     let env = env::environment();
     let _pods = env::exclusive_pods().await;
+    let _validator = env::exclusive_validator().await;
     let client = env.kube_client().await?;
     let namespace = library_namespace(env, &client, "hostile-values").await?;
     let work = tempfile::tempdir()?;

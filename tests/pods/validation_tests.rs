@@ -131,6 +131,7 @@ const HOSTS: &str = "{% for i in resources.ingresses.list() %}{% for r in i.spec
 #[tokio::test]
 async fn the_controller_runs_the_tests_requests_through_the_validator() -> Result<()> {
     let env = env::environment();
+    let _validator = env::exclusive_validator().await;
     let fixture = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
         "metadata": {"name": "shop", "namespace": "web"},
         "spec": {"rules": [{"host": "shop.example.com"}]}});
