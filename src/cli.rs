@@ -278,7 +278,7 @@ pub fn render(args: RenderArgs) -> Result<()> {
     let objects = crate::offline::load_objects(&args.resources)?;
     let stores = crate::offline::build_stores(&config.spec, &objects)?;
     let pods = crate::offline::pods(&config.spec, &objects);
-    let files = renderer.render(&stores, &pods)?;
+    let files = renderer.render(&stores, &pods)?.files;
     match args.out {
         Some(out) => {
             for (relative, file) in files.entries() {

@@ -137,7 +137,7 @@ pub async fn find(
     search(&suspects, max_culprits, |left_out| async move {
         let candidate = crate::store::without(stores, &left_out);
         match renderer.render_dry_leaving_out(&candidate, pods, max_culprits) {
-            Ok((files, _)) => validator.validate(&files, spec).await,
+            Ok(render) => validator.validate(&render.files, spec).await,
             // A render without objects that fails is no verdict on them.
             Err(error) => Check::Unavailable(format!("the render failed: {error}")),
         }

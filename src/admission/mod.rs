@@ -105,11 +105,11 @@ pub fn judge_object(snapshot: &Snapshot, proposal: &Proposal) -> Judged {
     }
     let kind = object.get("kind").and_then(Json::as_str).unwrap_or_default();
     match snapshot.renderer.render_dry_leaving_out(&stores, &snapshot.pods, MAX_LEFT_OUT) {
-        Ok((files, left_out)) => {
-            let own = left_out.iter().find(|error| is(error.offending_object(), kind, &key));
+        Ok(render) => {
+            let own = render.left_out.iter().find(|error| is(error.offending_object(), kind, &key));
             match own {
                 Some(error) => Judged::Decided(Verdict::Denied(format!("haptic would leave it out: {error}"))),
-                None => Judged::Render(files),
+                None => Judged::Render(render.files),
             }
         }
         Err(error) => Judged::Decided(Verdict::Denied(format!("the configuration would not render with it: {error}"))),
@@ -145,7 +145,7 @@ pub fn judge_config(spec: &HAProxyTemplateConfigSpec, current: Option<&Snapshot>
     };
     renderer.seed_slots(current.renderer.slots());
     match renderer.render_dry_leaving_out(&current.stores, &current.pods, MAX_LEFT_OUT) {
-        Ok((files, _)) => Judged::Render(files),
+        Ok(render) => Judged::Render(render.files),
         Err(error) => Judged::Decided(Verdict::Denied(format!("it would not render the current objects: {error}"))),
     }
 }
@@ -225,8 +225,8 @@ pub async fn judge_beside_current(judged: Judged, current: Snapshot, validator: 
         current.renderer.render_dry_leaving_out(&current.stores, &current.pods, MAX_LEFT_OUT)
     })
     .await;
-    let Ok(Ok((files, _))) = rendered else { return verdict };
-    match validator.validate(&files, &spec).await {
+    let Ok(Ok(render)) = rendered else { return verdict };
+    match validator.validate(&render.files, &spec).await {
         Check::Refused(_) => Verdict::Allowed(Some(
             "HAProxy refuses the render of the current objects too: this object is not what breaks it".into(),
         )),

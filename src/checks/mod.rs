@@ -87,7 +87,7 @@ fn render_fixtures(
     objects.extend(test.fixtures.iter().map(|object| (origin.clone(), object.clone())));
     let stores = crate::offline::build_fixture_stores(spec, &objects).map_err(|e| format!("its fixtures: {e}"))?;
     let pods = crate::offline::pods(spec, &objects);
-    renderer.render(&stores, &pods).map_err(|e| format!("its fixtures do not render: {e}"))
+    renderer.render(&stores, &pods).map(|render| render.files).map_err(|e| format!("its fixtures do not render: {e}"))
 }
 
 /// Checks one file assertion (contains, notContains, matches, mapEntry) against a render;

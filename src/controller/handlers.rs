@@ -389,17 +389,17 @@ impl Controller {
     /// A render succeeded: its statuses offered, its slots journaled, its files deployed.
     async fn rendered(&mut self, rendered: Rendered, trace: Option<TraceParent>) {
         let Some(generation) = self.active.as_ref().map(|active| active.generation) else { return };
-        let Rendered { files, refused, ingresses, offenders } = rendered;
+        let Rendered { files, refused, ingresses, offenders, gateway_status, slots } = rendered;
         self.status.offer(ConfigOffer::Refusals(refused));
         self.ingress_writer.offer(ingresses);
         self.left_out_of_last_render = Some((generation, offenders));
-        self.offer_gateway_status();
+        self.offer_gateway_status(gateway_status);
         self.facts.render = Some(RenderFact::Rendered {
             files: files.entries().count(),
             checksum: files.haproxy_cfg.checksum.to_string().chars().take(12).collect(),
         });
         self.api.set_render(generation, Arc::new(files.clone()));
-        self.journal_slots().await;
+        self.journal_slots(slots).await;
         let leadership = *self.leading.leadership.borrow();
         if let (None, Leadership::Leader(term)) = (&self.deployer, leadership) {
             self.start_fleet(term);
@@ -416,8 +416,8 @@ impl Controller {
         }
     }
 
-    /// Offers the Gateway API status the last render owes, starting the writer when needed.
-    fn offer_gateway_status(&mut self) {
+    /// Offers the Gateway API status a render owes, starting the writer when needed.
+    fn offer_gateway_status(&mut self, statuses: Option<crate::gateway::status::StatusSet>) {
         let Some(active) = &self.active else { return };
         let (Some(settings), true) = (&active.spec.gateway_api, self.writes_status()) else { return };
         let writer = self.gateway_writer.get_or_insert_with(|| {
@@ -425,15 +425,14 @@ impl Controller {
             let writes = GatewayStatusWriter::new(self.client.clone(), settings.controller_name.clone());
             StatusTask::start(&self.tasks, "gateway status", writes, may_write)
         });
-        if let Some(statuses) = active.renderer.gateway_status() {
+        if let Some(statuses) = statuses {
             writer.offer(statuses);
         }
     }
 
-    /// Journals the server slots the last render changed (an fsync: on the blocking pool).
-    async fn journal_slots(&mut self) {
-        let (Some(journal), Some(active)) = (&self.journal, &self.active) else { return };
-        let slots = active.renderer.slots();
+    /// Journals the server slots a render changed (an fsync: on the blocking pool).
+    async fn journal_slots(&mut self, slots: std::sync::Arc<crate::plan::slots::Slots>) {
+        let Some(journal) = &self.journal else { return };
         let changes = crate::plan::slots::changes(&self.saved_slots, &slots);
         if changes.is_empty() {
             return;

@@ -108,6 +108,10 @@ pub(super) struct Rendered {
     pub(super) ingresses: Vec<ingress_status::IngressStatusChange>,
     /// The objects the render left out, which are not served (their status says nothing).
     pub(super) offenders: Vec<crate::store::ObjectRef>,
+    /// The Gateway API status the render owes, when the configuration serves the Gateway API.
+    pub(super) gateway_status: Option<crate::gateway::status::StatusSet>,
+    /// The server slots as the render left them, to journal.
+    pub(super) slots: std::sync::Arc<crate::plan::slots::Slots>,
 }
 
 /// Ingress statuses that differ from what the last render decided, from the stores as they are
@@ -150,9 +154,9 @@ pub(super) async fn render(
         .instrument(span.clone())
         .await;
     match &result {
-        Ok(Ok((files, left_out))) => {
-            span.record("haptic.files", files.entries().count());
-            span.record("haptic.left_out", left_out.len());
+        Ok(Ok(render)) => {
+            span.record("haptic.files", render.files.entries().count());
+            span.record("haptic.left_out", render.left_out.len());
         }
         Ok(Err(error)) => {
             span.record("otel.status_code", "ERROR");
@@ -174,15 +178,12 @@ pub(super) async fn render(
     metrics.reconciliations.get_or_create(&crate::telemetry::metrics::TriggerLabels { trigger }).inc();
     let outcome = |outcome| crate::telemetry::metrics::OutcomeLabels { outcome };
     metrics.renders.get_or_create(&outcome(if matches!(result, Ok(Ok(_))) { "ok" } else { "error" })).inc();
-    // Renders of the active configuration run one at a time, and only kept ones set this.
-    let blocks = active.renderer.last_block_counts();
-    if let Ok(Ok(_)) = &result {
-        metrics.render_blocks.get_or_create(&outcome("reused")).inc_by(blocks.reused);
-        metrics.render_blocks.get_or_create(&outcome("rendered")).inc_by(blocks.rendered);
-    }
     let triggers: Vec<String> = triggers.iter().map(ToString::to_string).collect();
     match result {
-        Ok(Ok((files, mut left_out))) => {
+        Ok(Ok(render)) => {
+            let crate::render::Render { files, mut left_out, gateway_status, slots, blocks } = render;
+            metrics.render_blocks.get_or_create(&outcome("reused")).inc_by(blocks.reused);
+            metrics.render_blocks.get_or_create(&outcome("rendered")).inc_by(blocks.rendered);
             left_out.extend(held_out);
             for error in &left_out {
                 warn!(%error, "left an object out of the render");
@@ -194,7 +195,7 @@ pub(super) async fn render(
                 Some(settings) => ingress_status::changes(&stores_before, settings, &pod_ips, &offenders),
                 None => Vec::new(),
             };
-            Ok(Rendered { files, refused, ingresses, offenders })
+            Ok(Rendered { files, refused, ingresses, offenders, gateway_status, slots })
         }
         Ok(Err(error)) => {
             error!(%error, "render failed; the last good files stay in force");

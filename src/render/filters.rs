@@ -13,6 +13,18 @@ use crate::syntax::{is_hostname, url_path_flaw};
 
 use super::context::blame_value;
 
+/// Lines of configuration haptic's own template functions wrote from vetted parts (server
+/// lines, a block's output): the formatter prints them as they are, where a string holding a
+/// newline would be refused.
+#[derive(Debug)]
+pub(crate) struct VettedLines(pub(crate) String);
+
+impl minijinja::value::Object for VettedLines {
+    fn repr(self: &std::sync::Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Plain
+    }
+}
+
 fn refuse(value: &str, message: String) -> Error {
     blame_value(value);
     Error::new(ErrorKind::InvalidOperation, message)

@@ -816,18 +816,7 @@ pub(crate) fn server_lines(
         }
         Ok(lines)
     })?;
-    Ok(Value::from_object(VettedLines(lines)))
-}
-
-/// Lines of configuration a function of this module wrote from vetted parts: printed as they
-/// are, where a string holding a newline would be refused.
-#[derive(Debug)]
-pub(crate) struct VettedLines(pub(crate) String);
-
-impl Object for VettedLines {
-    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
-        minijinja::value::ObjectRepr::Plain
-    }
+    Ok(Value::from_object(super::filters::VettedLines(lines)))
 }
 
 /// HAProxy's largest server weight.
@@ -1145,7 +1134,10 @@ mod tests {
         let lines = |slices: &Value, options: Value, block: usize| -> Result<String, Error> {
             let endpoints = endpoints(slices, None)?;
             let written = server_lines(&shared, "be_web", &endpoints, &options, block)?;
-            Ok(written.downcast_object_ref::<VettedLines>().map(|l| l.0.clone()).unwrap_or_default())
+            Ok(written
+                .downcast_object_ref::<crate::render::filters::VettedLines>()
+                .map(|l| l.0.clone())
+                .unwrap_or_default())
         };
         let options = Value::from_safe_string(" check".into());
         let first = lines(&slices(&[("10.0.0.1", true), ("10.0.0.2", false), ("10.0.0.3", true)]), options.clone(), 3);

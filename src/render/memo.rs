@@ -132,7 +132,7 @@ fn feed(value: &Value, digest: &mut Digest, depth: usize) -> bool {
             digest.write_u8(10);
             return known.feed(digest);
         }
-        if let Some(lines) = value.downcast_object_ref::<super::library::VettedLines>() {
+        if let Some(lines) = value.downcast_object_ref::<super::filters::VettedLines>() {
             digest.write_u8(11);
             lines.0.hash(digest);
             return true;
@@ -674,7 +674,7 @@ pub(crate) fn render_each(
     items: &Value,
     name: &str,
     with: Option<&Value>,
-) -> Result<super::library::VettedLines, Error> {
+) -> Result<super::filters::VettedLines, Error> {
     let compiled = state.env().get_template(template)?;
     let with_fingerprint = match with {
         Some(with) => fingerprint(with),
@@ -782,7 +782,7 @@ pub(crate) fn render_each(
         total.reused += counts.reused;
         total.rendered += counts.rendered;
     }
-    Ok(super::library::VettedLines(output))
+    Ok(super::filters::VettedLines(output))
 }
 
 /// What one block sees: its item under its name, and what every block of the call is given

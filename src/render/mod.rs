@@ -129,6 +129,22 @@ impl RenderError {
     }
 }
 
+/// One render: its files and what it hands on beside them, all from the same stores.
+#[derive(Debug)]
+pub struct Render {
+    /// The files to deploy.
+    pub files: FileSet,
+    /// The objects left out so the rest could render, each with the error it caused (only
+    /// the `_leaving_out` renders leave any out).
+    pub left_out: Vec<RenderError>,
+    /// The Gateway API status this render owes, when the configuration serves the Gateway API.
+    pub gateway_status: Option<crate::gateway::status::StatusSet>,
+    /// The server slots as this render left them (a dry render moves none).
+    pub slots: Arc<crate::plan::slots::Slots>,
+    /// How many `render_each` blocks this render reused and how many it rendered.
+    pub blocks: BlockCounts,
+}
+
 /// Compiled templates of one configuration.
 #[derive(Debug)]
 pub struct Renderer {
@@ -141,13 +157,9 @@ pub struct Renderer {
     carried: std::sync::Mutex<context::Carried>,
     /// The Gateway API settings, when the configuration serves it.
     gateway: Option<crate::config::GatewaySettings>,
-    /// The Gateway API status the last successful render owes (see [`Renderer::gateway_status`]).
-    gateway_status: std::sync::Mutex<Option<crate::gateway::status::StatusSet>>,
     /// What each template last rendered to (its text's fingerprint and checksum), for
     /// `last_file`.
     last_files: std::sync::Mutex<BTreeMap<String, (memo::Fingerprint, crate::files::Checksum)>>,
-    /// How many blocks the last successful kept render reused and rendered.
-    last_block_counts: std::sync::Mutex<BlockCounts>,
 }
 
 /// The render's shared state (server slots, collectors), which `name` needs: a template
@@ -191,7 +203,7 @@ fn format_value(out: &mut minijinja::Output, value: &Value) -> Result<(), miniji
         }
         ValueKind::Number | ValueKind::Bool | ValueKind::None => write!(out, "{value}").map_err(minijinja::Error::from),
         // Whole lines haptic's own functions wrote, each from vetted parts (`server_lines`).
-        ValueKind::Plain if let Some(lines) = value.downcast_object_ref::<library::VettedLines>() => {
+        ValueKind::Plain if let Some(lines) = value.downcast_object_ref::<filters::VettedLines>() => {
             out.write_str(&lines.0).map_err(minijinja::Error::from)
         }
         other => Err(refused(format!("refusing to print a whole {other}: print its fields, through filters"))),
@@ -307,9 +319,7 @@ impl Renderer {
             extra_context: templates.extra_context.as_ref().map(trusted_value).unwrap_or_default(),
             carried: Default::default(),
             gateway: spec.gateway_api.clone(),
-            gateway_status: Default::default(),
             last_files: Default::default(),
-            last_block_counts: Default::default(),
         })
     }
 
@@ -330,41 +340,29 @@ impl Renderer {
         self.carried.lock().map(|carried| carried.slots.clone()).unwrap_or_default()
     }
 
-    /// How many blocks the last successful render reused and how many it rendered: under a
-    /// stream of small changes, almost all should be reused.
-    pub fn last_block_counts(&self) -> BlockCounts {
-        self.last_block_counts.lock().map(|counts| *counts).unwrap_or_default()
-    }
-
     /// How many `render_each` blocks the last successful render left for the next to reuse.
     pub fn blocks_kept(&self) -> usize {
         self.carried.lock().map(|carried| carried.blocks.len()).unwrap_or_default()
     }
 
-    /// The Gateway API status the last successful render owes, when the configuration serves
-    /// the Gateway API.
-    pub fn gateway_status(&self) -> Option<crate::gateway::status::StatusSet> {
-        self.gateway_status.lock().ok().and_then(|status| status.clone())
-    }
-
     /// Renders every file from the current stores and pods.
-    pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
+    pub fn render(&self, stores: &Stores, pods: &[PodInfo]) -> Result<Render, RenderError> {
         self.render_keeping(stores, pods, true)
     }
 
     /// Renders as `render` does, but keeps nothing of it (server slots, the Gateway API
     /// status): a what-if, such as an admission review of an object not yet stored.
-    pub fn render_dry(&self, stores: &Stores, pods: &[PodInfo]) -> Result<FileSet, RenderError> {
+    pub fn render_dry(&self, stores: &Stores, pods: &[PodInfo]) -> Result<Render, RenderError> {
         self.render_keeping(stores, pods, false)
     }
 
-    fn render_keeping(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
+    fn render_keeping(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<Render, RenderError> {
         // A render allocates and frees millions of small objects; the process's settings give
         // threads no allocation cache, so this one gets one for the render's length.
         crate::memory::with_thread_cache(|| self.render_cached(stores, pods, keep))
     }
 
-    fn render_cached(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<FileSet, RenderError> {
+    fn render_cached(&self, stores: &Stores, pods: &[PodInfo], keep: bool) -> Result<Render, RenderError> {
         context::reset_tracking();
         memo::reset_recordings();
         // A render starts from what the last kept render handed on and hands on only if the
@@ -372,6 +370,8 @@ impl Renderer {
         // moves no server.
         let carried = self.carried.lock().map(|carried| carried.clone()).unwrap_or_default();
         let resources = Value::from_object(context::Resources::new(stores, &carried.listings));
+        // A dry render hands the slots it started from back unmoved.
+        let slots_before = carried.slots.clone();
         let shared = Value::from_object(context::Shared::starting_from(carried));
         // The Gateway API model: built once per render from the same stores, so the status it
         // owes describes exactly what this render serves.
@@ -443,20 +443,20 @@ impl Renderer {
         for (name, file) in state.map(context::Shared::files).unwrap_or_default() {
             files.entry(name).or_insert(file);
         }
-        if !keep {
-            return Ok(FileSet { haproxy_cfg, maps, files, certs });
-        }
-        if let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
+        let blocks = state.map(context::Shared::block_counts).unwrap_or_default();
+        let mut slots = slots_before;
+        if keep && let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
             let listings = resources.downcast_object_ref::<context::Resources>().map(context::Resources::listings);
             *kept = state.take_carried(listings.unwrap_or_default());
-            if let Ok(mut counts) = self.last_block_counts.lock() {
-                *counts = state.block_counts();
-            }
+            slots = kept.slots.clone();
         }
-        if let Ok(mut kept) = self.gateway_status.lock() {
-            *kept = gateway.map(|model| model.status);
-        }
-        Ok(FileSet { haproxy_cfg, maps, files, certs })
+        Ok(Render {
+            files: FileSet { haproxy_cfg, maps, files, certs },
+            left_out: Vec::new(),
+            gateway_status: gateway.map(|model| model.status),
+            slots,
+            blocks,
+        })
     }
 
     /// The file `content` makes for a template: with the checksum of the template's last file
@@ -490,13 +490,13 @@ impl Renderer {
 
     /// Renders, leaving out objects whose values are refused, one at a time, up to `max_left_out`,
     /// so one bad object cannot stop every other from being served.
-    /// Returns the files and, for each object left out, the error it caused.
+    /// The render names each object left out with the error it caused.
     pub fn render_leaving_out(
         &self,
         stores: &Stores,
         pods: &[PodInfo],
         max_left_out: usize,
-    ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
+    ) -> Result<Render, RenderError> {
         self.leaving_out(stores, pods, max_left_out, true)
     }
 
@@ -506,7 +506,7 @@ impl Renderer {
         stores: &Stores,
         pods: &[PodInfo],
         max_left_out: usize,
-    ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
+    ) -> Result<Render, RenderError> {
         self.leaving_out(stores, pods, max_left_out, false)
     }
 
@@ -516,12 +516,12 @@ impl Renderer {
         pods: &[PodInfo],
         max_left_out: usize,
         keep: bool,
-    ) -> Result<(FileSet, Vec<RenderError>), RenderError> {
+    ) -> Result<Render, RenderError> {
         let mut stores = stores.clone();
         let mut left_out = Vec::new();
         loop {
             let error = match self.render_keeping(&stores, pods, keep) {
-                Ok(files) => return Ok((files, left_out)),
+                Ok(render) => return Ok(Render { left_out, ..render }),
                 Err(error) => error,
             };
             let Some(object) = error.offending_object().filter(|_| left_out.len() < max_left_out).cloned() else {

@@ -169,7 +169,7 @@ fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         let mut stores = stores_for(config, &objects);
         let started = std::time::Instant::now();
         let live = live_bytes();
-        let files = renderer.render(&stores, &[]).expect("renders");
+        let files = renderer.render(&stores, &[]).expect("renders").files;
         let kept = live_bytes() - live - files.entries().map(|(_, f)| f.content.len() as isize).sum::<isize>();
         println!(
             "chart_library_one_change: {count} Ingresses: first render {:.1} ms, {} blocks kept, {:.1} MiB held after it beyond the stores (objects as template values, blocks, slots)",
@@ -183,13 +183,13 @@ fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         let mut slice = objects.iter().filter(|o| o["kind"] == "EndpointSlice").nth(middle).expect("a slice").clone();
         let mut flip = false;
         group.bench_function(BenchmarkId::new("nothing", count), |b| {
-            b.iter(|| black_box(renderer.render(&stores, &[]).expect("renders")));
+            b.iter(|| black_box(renderer.render(&stores, &[]).expect("renders").files));
         });
         group.bench_function(BenchmarkId::new("ingress_path", count), |b| {
             b.iter(|| {
                 flip = !flip;
                 move_path(&mut stores, &mut ingress, flip);
-                black_box(renderer.render(&stores, &[]).expect("renders"))
+                black_box(renderer.render(&stores, &[]).expect("renders").files)
             });
         });
         // A render under churn takes in a few seconds of changes, and edits come in runs (one
@@ -207,7 +207,7 @@ fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
                 for ingress in &mut in_a_row {
                     move_path(&mut stores, ingress, flip);
                 }
-                black_box(renderer.render(&stores, &[]).expect("renders"))
+                black_box(renderer.render(&stores, &[]).expect("renders").files)
             });
         });
         group.bench_function(BenchmarkId::new("endpoint_moved", count), |b| {
@@ -217,7 +217,7 @@ fn render_changes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
                 std::sync::Arc::make_mut(stores.get_mut("endpoints").expect("endpoints"))
                     .apply(slice.clone())
                     .expect("applies");
-                black_box(renderer.render(&stores, &[]).expect("renders"))
+                black_box(renderer.render(&stores, &[]).expect("renders").files)
             });
         });
         // The same changes again, timed one by one (the change applied outside the timing).
@@ -278,7 +278,7 @@ fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
     group.sample_size(10);
     for count in [1_000usize, 10_000] {
         let stores = stores_for(config, &synthetic::httproute_fleet(count));
-        let files = renderer.render(&stores, &[]).expect("renders");
+        let files = renderer.render(&stores, &[]).expect("renders").files;
         let gateway_lines = files.haproxy_cfg.content.lines().filter(|l| l.contains("txn.gwr")).count();
         // The model alone (reading the objects, attaching, ranking), without the templates.
         let settings = config.spec.gateway_api.clone().expect("the Gateway API is on");
@@ -299,7 +299,7 @@ fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         );
         group.throughput(Throughput::Elements(count as u64));
         group.bench_with_input(BenchmarkId::from_parameter(count), &stores, |b, stores| {
-            b.iter(|| black_box(renderer.render(stores, &[]).expect("renders")));
+            b.iter(|| black_box(renderer.render(stores, &[]).expect("renders").files));
         });
     }
     group.finish();
@@ -318,7 +318,7 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
         let stored = live_bytes() - before;
         // The first render builds each object's template value once (part of the store) and
         // leaves the renderer's server slots; the files themselves are not counted.
-        let files = renderer.render(&stores, &[]).expect("renders");
+        let files = renderer.render(&stores, &[]).expect("renders").files;
         let held = live_bytes() - before - files.entries().map(|(_, f)| f.content.len() as isize).sum::<isize>();
         let mib = |bytes: isize| bytes as f64 / 1048576.0;
         println!(
@@ -336,7 +336,7 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
         let started = std::time::Instant::now();
         let fresh = Renderer::compile(&config.spec).expect("compiles");
         let compiled = started.elapsed();
-        black_box(fresh.render(&stores, &[]).expect("renders"));
+        black_box(fresh.render(&stores, &[]).expect("renders").files);
         println!(
             "{name}: {count} Ingresses: a render from nothing (no blocks, no slots) {:.1} ms",
             (started.elapsed() - compiled).as_secs_f64() * 1e3
@@ -350,7 +350,7 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
                 },
                 // The renderer is handed back, so its drop (blocks and all) is not timed.
                 |fresh| {
-                    let files = fresh.render(stores, &[]).expect("renders");
+                    let files = fresh.render(stores, &[]).expect("renders").files;
                     black_box((fresh, files))
                 },
                 criterion::BatchSize::PerIteration,
@@ -361,7 +361,7 @@ fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, 
                 let fresh = Renderer::compile(&config.spec).expect("compiles");
                 fresh.seed_slots(renderer.slots());
                 let started = std::time::Instant::now();
-                let files = fresh.render(&stores, &[]).expect("renders");
+                let files = fresh.render(&stores, &[]).expect("renders").files;
                 let took = started.elapsed();
                 drop(black_box((fresh, files)));
                 took

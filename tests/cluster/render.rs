@@ -31,7 +31,7 @@ fn example_objects() -> Vec<(PathBuf, Json)> {
 fn render(config: &HAProxyTemplateConfig, objects: &[(PathBuf, Json)]) -> Result<FileSet, RenderError> {
     let renderer = Renderer::compile(&config.spec)?;
     let stores = offline::build_stores(&config.spec, objects).expect("stores build");
-    renderer.render(&stores, &offline::pods(&config.spec, objects))
+    renderer.render(&stores, &offline::pods(&config.spec, objects)).map(|render| render.files)
 }
 
 #[test]
@@ -99,7 +99,7 @@ proptest! {
         let config = example_config();
         let renderer = Renderer::compile(&config.spec).unwrap();
         let objects = synthetic::ingress_fleet(count);
-        let expected = renderer.render(&synthetic_stores(&config, &objects), &[]).unwrap();
+        let expected = renderer.render(&synthetic_stores(&config, &objects), &[]).unwrap().files;
 
         let mut shuffled = objects.clone();
         let mut state = seed;
@@ -110,7 +110,7 @@ proptest! {
         for object in shuffled.iter_mut().filter(|_| seed % 2 == 0) {
             object["metadata"]["resourceVersion"] = Json::from(seed.to_string());
         }
-        let actual = renderer.render(&synthetic_stores(&config, &shuffled), &[]).unwrap();
+        let actual = renderer.render(&synthetic_stores(&config, &shuffled), &[]).unwrap().files;
         prop_assert_eq!(actual, expected);
     }
 }
@@ -242,7 +242,7 @@ fn the_controller_can_leave_a_hostile_object_out_and_serve_the_rest() {
     let objects = with_host(&example_objects(), "shop.example.com\nbackend evil");
     let renderer = Renderer::compile(&config.spec).unwrap();
     let stores = offline::build_stores(&config.spec, &objects).unwrap();
-    let (files, left_out) = renderer.render_leaving_out(&stores, &[], 3).unwrap();
+    let haptic::render::Render { files, left_out, .. } = renderer.render_leaving_out(&stores, &[], 3).unwrap();
     assert_eq!(left_out.len(), 1);
     assert_eq!(left_out[0].offending_object().unwrap().to_string(), "Ingress web/shop");
     assert!(!files.haproxy_cfg.content.contains("be_web_shop"));
@@ -319,7 +319,7 @@ fn server_slots_keep_every_endpoints_name_across_renders_and_only_a_successful_r
     let render_with = |addresses: &[&str]| {
         let objects = with_shop_addresses(&example_objects(), addresses);
         let stores = offline::build_stores(&config.spec, &objects).unwrap();
-        renderer.render(&stores, &[]).unwrap()
+        renderer.render(&stores, &[]).unwrap().files
     };
     assert_eq!(
         shop_servers(&render_with(&["10.0.1.10", "10.0.1.11"])),
@@ -382,7 +382,7 @@ fn a_reused_block_inside_a_block_hands_its_effects_on_once() {
     let renderer = Renderer::compile(&config.spec).unwrap();
     let stores = haptic::offline::build_stores(&config.spec, &example_objects()).unwrap();
     for render in 1..=3 {
-        let files = renderer.render(&stores, &[]).unwrap();
+        let files = renderer.render(&stores, &[]).unwrap().files;
         assert!(files.haproxy_cfg.content.contains("# seen 4\n"), "render {render}: {}", files.haproxy_cfg.content);
     }
 }
@@ -411,8 +411,8 @@ fn a_name_is_claimed_once_by_collectors_distinct_and_reused_blocks_alike() {
     let renderer = Renderer::compile(&config.spec).unwrap();
     let stores = haptic::offline::build_stores(&config.spec, &example_objects()).unwrap();
     for render in 1..=3 {
-        let files = renderer.render(&stores, &[]).unwrap();
-        let text = &files.haproxy_cfg.content;
+        let rendered = renderer.render(&stores, &[]).unwrap();
+        let text = &rendered.files.haproxy_cfg.content;
         let lines: Vec<&str> = text
             .lines()
             .filter(|line| line.starts_with("# won") || line.starts_with("# distinct") || line.starts_with("# c again"))
@@ -422,7 +422,7 @@ fn a_name_is_claimed_once_by_collectors_distinct_and_reused_blocks_alike() {
             ["# won a with", "# won x with", "# distinct b", "# distinct c", "# won y"],
             "render {render} (blocks reused after the first): {text}"
         );
-        assert_eq!(renderer.last_block_counts().reused, if render == 1 { 0 } else { 2 }, "render {render}");
+        assert_eq!(rendered.blocks.reused, if render == 1 { 0 } else { 2 }, "render {render}");
     }
 }
 
@@ -451,13 +451,13 @@ fn a_block_whose_backend_another_block_moved_is_rendered_again() {
     });
     let stores = haptic::offline::build_stores(&config.spec, &example_objects()).unwrap();
     let reusing = Renderer::compile(&config.spec).unwrap();
-    let first = reusing.render(&stores, &[]).unwrap();
+    let first = reusing.render(&stores, &[]).unwrap().files;
     assert!(first.haproxy_cfg.content.contains("# srv4 "), "{}", first.haproxy_cfg.content);
     for render in 2..=4 {
         let afresh = Renderer::compile(&config.spec).unwrap();
         afresh.seed_slots(reusing.slots());
-        let reused = reusing.render(&stores, &[]).unwrap();
-        let expected = afresh.render(&stores, &[]).unwrap();
+        let reused = reusing.render(&stores, &[]).unwrap().files;
+        let expected = afresh.render(&stores, &[]).unwrap().files;
         assert_eq!(reused.haproxy_cfg.content, expected.haproxy_cfg.content, "render {render}");
         assert_eq!(reusing.slots(), afresh.slots(), "render {render}");
     }
@@ -472,14 +472,14 @@ fn an_unchanged_file_keeps_its_checksum_and_a_changed_one_is_hashed_anew() {
     let renderer = Renderer::compile(&config.spec).unwrap();
     let pods = offline::pods(&config.spec, &objects);
     let stores = offline::build_stores(&config.spec, &objects).unwrap();
-    let first = renderer.render(&stores, &pods).unwrap();
-    let again = renderer.render(&stores, &pods).unwrap();
+    let first = renderer.render(&stores, &pods).unwrap().files;
+    let again = renderer.render(&stores, &pods).unwrap().files;
     assert_eq!(first, again);
     for file in std::iter::once(&again.haproxy_cfg).chain(again.maps.values()) {
         assert_eq!(file.checksum, haptic::files::Checksum::of(file.content.as_bytes()));
     }
     let elsewhere = offline::build_stores(&config.spec, &with_host(&objects, "moved.example.com")).unwrap();
-    let moved = renderer.render(&elsewhere, &pods).unwrap();
+    let moved = renderer.render(&elsewhere, &pods).unwrap().files;
     assert_ne!(moved.haproxy_cfg.content, first.haproxy_cfg.content, "the host is in haproxy.cfg");
     for file in std::iter::once(&moved.haproxy_cfg).chain(moved.maps.values()) {
         assert_eq!(file.checksum, haptic::files::Checksum::of(file.content.as_bytes()));
