@@ -391,6 +391,40 @@ def install(fetch: bool = True) -> Components:
                       gateway_api_crds=gateway_api_crds())
 
 
+GWCONFORMANCE_DIR = ENV_DIR / "gwconformance"
+
+
+def build_conformance_suite() -> tuple[Path, Path]:
+    """The official Gateway API conformance suite (sigs.k8s.io/gateway-api/conformance, the
+    version `tests/env/gwconformance/go.mod` names), as a test binary, and the echo server its
+    Pods run (echo-basic, from the same module): built only when their sources changed. Not part
+    of `install`: only `make conformance` needs them (a few minutes cold)."""
+    echo = CACHE_DIR / "bin" / "echo-basic"
+    go_build("Gateway API echo server (echo-basic)", GWCONFORMANCE_DIR,
+             "sigs.k8s.io/gateway-api/conformance/echo-basic", echo)
+    suite = CACHE_DIR / "bin" / "gwconformance.test"
+    go = require_tool("go", "to build the Gateway API conformance suite")
+    sources = [p for p in GWCONFORMANCE_DIR.iterdir() if p.suffix in (".go", ".mod", ".sum")]
+    go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
+    stamp = file_digest(sources, extra=go_version + "test -c")
+    stamp_file = suite.with_suffix(".stamp")
+    if suite.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return suite, echo
+    build_log = CACHE_DIR / "logs" / "build-gwconformance.log"
+    build_log.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building the Gateway API conformance suite (a few minutes cold; log: {build_log})")
+    started = time.monotonic()
+    with build_log.open("w") as out:
+        result = subprocess.run([go, "test", "-c", "-o", str(suite), "."], cwd=GWCONFORMANCE_DIR,
+                                stdout=out, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        raise EnvError(f"build failed: the conformance suite did not build (go test -c exited "
+                       f"{result.returncode}); log: {build_log}\n{tail(build_log)}")
+    stamp_file.write_text(stamp)
+    log(f"built the Gateway API conformance suite in {time.monotonic() - started:.0f}s")
+    return suite, echo
+
+
 def check_versions(versions: list[str], components: Components) -> None:
     for version in versions:
         if version not in components.haproxy:
@@ -1170,6 +1204,13 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_conformance_build(args: argparse.Namespace) -> int:
+    suite, echo = build_conformance_suite()
+    print(f"conformance suite: {suite}")
+    print(f"echo-basic:        {echo}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1191,6 +1232,7 @@ def main(argv: list[str] | None = None) -> int:
                            help=f"default {APISERVER_BASE_PORT} + --net, outside the ephemeral port range")
             p.add_argument("--no-install", action="store_true", help="fail instead of fetching what is missing")
     sub.add_parser("install")
+    sub.add_parser("conformance-build", help="build the Gateway API conformance suite and its echo server")
     dataplane = sub.add_parser("dataplane", help="stop or start one pod's Dataplane API")
     dataplane.add_argument("action", choices=["stop", "start"])
     dataplane.add_argument("--pod", required=True)
@@ -1198,7 +1240,8 @@ def main(argv: list[str] | None = None) -> int:
     dataplane.add_argument("--state-dir", default=os.environ.get("HAPTIC_ENV_DIR", str(DEFAULT_STATE_DIR)))
     args = parser.parse_args(argv)
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "install": cmd_install,
-                "restart-apiserver": cmd_restart_apiserver, "dataplane": cmd_dataplane}
+                "restart-apiserver": cmd_restart_apiserver, "dataplane": cmd_dataplane,
+                "conformance-build": cmd_conformance_build}
     try:
         return handlers[args.command](args)
     except EnvError as error:
