@@ -4,6 +4,10 @@
 //
 // It exists so haptic's integration tests talk to the genuine Kubernetes API server
 // (admission, RBAC, status subresources, watches) without a cluster or containers.
+//
+// The same binary runs kube-controller-manager or kube-scheduler of the same Kubernetes
+// build when its first argument names one (`controller-manager ...`, `scheduler ...`, their
+// own flags after it): the environment's cluster mode, where Deployments become Pods.
 package main
 
 import (
@@ -34,6 +38,8 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 
 type launcherConfig struct {
@@ -44,6 +50,16 @@ type launcherConfig struct {
 }
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "controller-manager":
+			runComponent(controllermanager.NewControllerManagerCommand(), os.Args[2:])
+			return
+		case "scheduler":
+			runComponent(scheduler.NewSchedulerCommand(), os.Args[2:])
+			return
+		}
+	}
 	cfg := launcherConfig{}
 	flag.StringVar(&cfg.dataDir, "data-dir", "", "directory for etcd data, certificates and the kubeconfig (required)")
 	flag.IntVar(&cfg.securePort, "secure-port", 0, "HTTPS port on 127.0.0.1 (0 picks a free one)")
@@ -57,6 +73,18 @@ func main() {
 		cfg.kubeconfigPath = filepath.Join(cfg.dataDir, "kubeconfig")
 	}
 	if err := run(cfg); err != nil {
+		fatalf("%v", err)
+	}
+}
+
+// runComponent runs another component of the same Kubernetes build with its own flags; it
+// stops on SIGTERM or SIGINT as the component itself handles them.
+func runComponent(command interface {
+	SetArgs([]string)
+	Execute() error
+}, args []string) {
+	command.SetArgs(args)
+	if err := command.Execute(); err != nil {
 		fatalf("%v", err)
 	}
 }
