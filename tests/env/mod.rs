@@ -195,14 +195,31 @@ impl EnvPod {
     }
 }
 
+/// Pushes `config` to a pod as a client of the Dataplane API does: at the version it reads
+/// first, and again at the new one when another write landed in between (a version conflict
+/// writes nothing). A controller a previous test killed may have left a request that the
+/// Dataplane API finishes after the next test began.
+pub async fn push_raw_at_current_version(
+    dataplane: &DataplaneClient,
+    config: &str,
+    mode: haptic::dataplane::PushMode,
+) -> Result<haptic::dataplane::PushOutcome> {
+    let mut attempts = 0;
+    loop {
+        let version = dataplane.configuration_version().await?;
+        match dataplane.push_raw(config, version, mode).await {
+            Err(haptic::dataplane::DataplaneError::VersionConflict { .. }) if attempts < 5 => attempts += 1,
+            other => return Ok(other?),
+        }
+    }
+}
+
 impl Manifest {
     /// Puts a pod back to how it started, through its Dataplane API: the chart's bootstrap
     /// configuration (503 everywhere, readiness included), reloaded at once.
     pub async fn reset_to_bootstrap(&self, pod: &EnvPod) -> Result<()> {
         let bootstrap = std::fs::read_to_string(pod.dir.join("bootstrap.cfg"))?;
-        let dataplane = self.dataplane(pod);
-        let version = dataplane.configuration_version().await?;
-        dataplane.push_raw(&bootstrap, version, haptic::dataplane::PushMode::ForceReload).await?;
+        push_raw_at_current_version(&self.dataplane(pod), &bootstrap, haptic::dataplane::PushMode::ForceReload).await?;
         Ok(())
     }
 

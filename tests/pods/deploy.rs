@@ -197,10 +197,8 @@ async fn a_hand_push_to_one_pod_is_undone_within_a_drift_interval_set_while_runn
     controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
     let drifted = &env.pods[0];
     let dataplane = env.dataplane(drifted);
-    let version = dataplane.configuration_version().await?;
-    dataplane
-        .push_raw(&env::config_routing_to(&env.backends[1]), version, haptic::dataplane::PushMode::ForceReload)
-        .await?;
+    let config = env::config_routing_to(&env.backends[1]);
+    env::push_raw_at_current_version(&dataplane, &config, haptic::dataplane::PushMode::ForceReload).await?;
     let undone = || async { anyhow::Ok(dataplane.raw_configuration().await?.text.contains(&format!("# test {hint}"))) };
     // A new controller checks each pod a second time within its first minute (a write of a
     // term before may land late); the interval is the next check after that.

@@ -71,8 +71,8 @@ async fn every_haproxy_pod_routes_to_a_named_backend() -> Result<()> {
         // Through the pod's Dataplane API: it watches the file and rewrites it when it changes
         // behind its back, so a direct write would race with it.
         let dataplane = env.dataplane(pod);
-        let version = dataplane.configuration_version().await?;
-        dataplane.push_raw(&env::config_routing_to(backend), version, haptic::dataplane::PushMode::ForceReload).await?;
+        let config = env::config_routing_to(backend);
+        env::push_raw_at_current_version(&dataplane, &config, haptic::dataplane::PushMode::ForceReload).await?;
         let answer = env::get_until_answered_by(&http, &pod.http_address, &backend.name).await?;
         assert!(answer.starts_with(&format!("backend={} ", backend.name)), "{}: {answer}", pod.name);
         versions.insert(pod.haproxy_version.clone());

@@ -103,8 +103,7 @@ async fn a_change_is_traced_through_validation_to_every_pod_and_metrics_follow_s
     let dataplane = env.dataplane(pod);
     // Counted before the hand push: a drift check right after it would otherwise be missed.
     let drifts_before = metric(&api, "haptic_drift_detections_total").await?;
-    let version = dataplane.configuration_version().await?;
-    dataplane.push_raw(&env::config_routing_to(&env.backends[1]), version, PushMode::Reload).await?;
+    env::push_raw_at_current_version(&dataplane, &env::config_routing_to(&env.backends[1]), PushMode::Reload).await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while metric(&api, "haptic_drift_detections_total").await? <= drifts_before {
         ensure!(Instant::now() < deadline, "the drift was not detected\n{}", controller.log_tail());

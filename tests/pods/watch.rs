@@ -238,8 +238,7 @@ async fn templates_see_the_ready_haproxy_pods_and_follow_their_readiness() -> Re
     // whose HAProxy answers its readiness port is Ready.
     for (pod, backend) in env.pods.iter().zip(env.backends.iter().cycle()) {
         let dataplane = env.dataplane(pod);
-        let version = dataplane.configuration_version().await?;
-        dataplane.push_raw(&env::config_routing_to(backend), version, PushMode::ForceReload).await?;
+        env::push_raw_at_current_version(&dataplane, &env::config_routing_to(backend), PushMode::ForceReload).await?;
     }
     let namespace = env.fresh_namespace(&client, "pods-context").await?;
     let template = "{% for p in pods %}pod {{ p.name | bare_word }} {{ p.ip | bare_word }}\n{% endfor %}";
