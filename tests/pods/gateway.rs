@@ -714,21 +714,24 @@ async fn the_gateway_api_library_serves_the_conformance_cases_on_every_pod() -> 
         table.push(case, format!("{method} :{port} {host}{path}{shown}"), expected, got);
     }
 
-    // The mirror: a copy of /mirror-probe from every pod reached svc-1 (its log), sent by HAProxy itself.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mirrored = loop {
-        let log = std::fs::read_to_string(dir.join("backends.log")).unwrap_or_default();
-        let copies = log.lines().filter(|l| l.starts_with("svc-1: ") && l.contains("GET /mirror-probe ")).count();
-        if copies >= pods.len() || Instant::now() > deadline {
-            break format!("{copies} copies");
+    // The mirror: each pod sends svc-1 a copy of /mirror-probe itself (its log shows it). Copies
+    // are best effort (docs/gateway-api.md), so a pod gets five tries, each request marked with
+    // the pod's name.
+    let mut missing = Vec::new();
+    for pod in pods {
+        if !mirrored_from(on.0, pod, &dir.join("backends.log")).await {
+            missing.push(pod.haproxy_version.clone());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
     table.push(
         "RequestMirror: the mirror backend gets a copy from every pod",
-        "GET mirror.example.com/mirror-probe",
-        format!("{} copies", pods.len()),
-        mirrored,
+        "GET mirror.example.com/mirror-probe?from=<pod>",
+        "a copy from every pod",
+        if missing.is_empty() {
+            "a copy from every pod".to_owned()
+        } else {
+            format!("none from {}", missing.join(", "))
+        },
     );
 
     // gRPC: HTTP/2 in clear text from the client (prior knowledge) and to the backends.
@@ -1065,6 +1068,23 @@ async fn the_gateway_api_library_serves_the_conformance_cases_on_every_pod() -> 
         );
     }
     Ok(())
+}
+
+/// Whether `pod` mirrors a request to svc-1 within five tries of two seconds each.
+async fn mirrored_from(http: &reqwest::Client, pod: &EnvPod, log: &std::path::Path) -> bool {
+    for attempt in 0..5 {
+        let path = format!("/mirror-probe?from={}&try={attempt}", pod.name);
+        let _ = request_to(http, pod, "GET", HTTP, "mirror.example.com", &path, &[]).await;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if text.lines().any(|l| l.starts_with("svc-1: ") && l.contains(&format!("GET {path} "))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    false
 }
 
 /// A client that follows no redirect (the rows look at them).
