@@ -152,12 +152,13 @@ def require_tool(name: str, why: str) -> str:
 
 
 def go_build(what: str, module_dir: Path, package: str, output: Path, extra_env: dict[str, str] | None = None,
-             ldflags: str = "") -> None:
-    """Builds a Go program, unless the cached binary was built from the same sources."""
+             ldflags: str = "", test_binary: bool = False) -> None:
+    """Builds a Go program (or, with `test_binary`, a package's tests as one: `go test -c`),
+    unless the cached binary was built from the same sources."""
     sources = [p for p in module_dir.iterdir() if p.suffix in (".go", ".mod", ".sum")]
     go = require_tool("go", f"to build the {what}")
     go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
-    stamp = file_digest(sources, extra=go_version + ldflags + package)
+    stamp = file_digest(sources, extra=go_version + ldflags + package + ("test -c" if test_binary else ""))
     stamp_file = output.with_suffix(".stamp")
     if output.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return
@@ -165,7 +166,7 @@ def go_build(what: str, module_dir: Path, package: str, output: Path, extra_env:
     build_log = CACHE_DIR / "logs" / f"build-{output.name}.log"
     build_log.parent.mkdir(parents=True, exist_ok=True)
     log(f"building the {what} (first build can take several minutes; log: {build_log})")
-    command = [go, "build", "-o", str(output)]
+    command = [go, "test", "-c", "-o", str(output)] if test_binary else [go, "build", "-o", str(output)]
     if ldflags:
         command += ["-ldflags", ldflags]
     command.append(package)
@@ -403,13 +404,8 @@ def build_conformance_suite() -> tuple[Path, Path]:
     go_build("Gateway API echo server (echo-basic)", GWCONFORMANCE_DIR,
              "sigs.k8s.io/gateway-api/conformance/echo-basic", echo)
     suite = CACHE_DIR / "bin" / "gwconformance.test"
-    go = require_tool("go", "to build the Gateway API conformance suite")
-    sources = [p for p in GWCONFORMANCE_DIR.iterdir() if p.suffix in (".go", ".mod", ".sum")]
-    go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
-    stamp = file_digest(sources, extra=go_version + "test -c")
-    stamp_file = suite.with_suffix(".stamp")
-    if suite.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
-        return suite, echo
+    go_build("Gateway API conformance suite", GWCONFORMANCE_DIR, ".", suite, test_binary=True)
+    return suite, echo
     build_log = CACHE_DIR / "logs" / "build-gwconformance.log"
     build_log.parent.mkdir(parents=True, exist_ok=True)
     log(f"building the Gateway API conformance suite (a few minutes cold; log: {build_log})")
