@@ -497,6 +497,32 @@ where
     }
 }
 
+/// The subject of the certificate `pod` serves on `port` for an SNI name (`openssl s_client`).
+pub fn served_subject(pod: &EnvPod, port: u16, server_name: &str) -> String {
+    let script = format!(
+        "openssl s_client -connect {}:{port} -servername {server_name} </dev/null 2>/dev/null | openssl x509 -noout -subject",
+        pod.ip
+    );
+    match Command::new("sh").arg("-c").arg(script).output() {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().trim_start_matches("subject=").to_owned(),
+        Err(error) => format!("openssl: {error}"),
+    }
+}
+
+/// An HTTPS request to `pod` with curl (`--resolve`, so SNI and Host are the name): status and
+/// the backend's `X-Backend`.
+pub fn curl_https(pod: &EnvPod, host: &str, port: u16, path: &str) -> String {
+    let output = Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code} %header{x-backend}", "--resolve"])
+        .arg(format!("{host}:{port}:{}", pod.ip))
+        .arg(format!("https://{host}:{port}{path}"))
+        .output();
+    match output {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        Err(error) => format!("curl: {error}"),
+    }
+}
+
 /// GETs `/hello` through HAProxy at `address` until `backend` answers (reloads take a moment).
 pub async fn get_until_answered_by(http: &reqwest::Client, address: &str, backend: &str) -> Result<String> {
     let url = format!("http://{address}/hello");

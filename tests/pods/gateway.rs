@@ -12,7 +12,6 @@
 use crate::env;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
@@ -149,33 +148,12 @@ impl Table {
 
 /// An HTTPS request with curl to every pod (`--resolve`, so SNI and Host are the name): status and backend.
 async fn curl_https(pods: &[EnvPod], host: &str, port: u16, path: &str) -> String {
-    env::on_every_pod(pods, |pod| async move {
-        let output = Command::new("curl")
-            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code} %header{x-backend}", "--resolve"])
-            .arg(format!("{host}:{port}:{}", pod.ip))
-            .arg(format!("https://{host}:{port}{path}"))
-            .output();
-        match output {
-            Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_owned(),
-            Err(error) => format!("curl: {error}"),
-        }
-    })
-    .await
+    env::on_every_pod(pods, |pod| async move { env::curl_https(pod, host, port, path) }).await
 }
 
 /// The subject of the certificate every pod serves on `port` for an SNI name.
 async fn served_subject(pods: &[EnvPod], port: u16, server_name: &str) -> String {
-    env::on_every_pod(pods, |pod| async move {
-        let script = format!(
-            "openssl s_client -connect {}:{port} -servername {server_name} </dev/null 2>/dev/null | openssl x509 -noout -subject",
-            pod.ip
-        );
-        match Command::new("sh").arg("-c").arg(script).output() {
-            Ok(output) => String::from_utf8_lossy(&output.stdout).trim().trim_start_matches("subject=").to_owned(),
-            Err(error) => format!("openssl: {error}"),
-        }
-    })
-    .await
+    env::on_every_pod(pods, |pod| async move { env::served_subject(pod, port, server_name) }).await
 }
 
 /// `type=status reason` of a condition in a list of conditions.

@@ -11,7 +11,6 @@
 use crate::env;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -30,31 +29,6 @@ use serde_json::json;
 const WITHIN: Duration = Duration::from_secs(60);
 const BACKENDS: usize = 6;
 const BACKEND_BASE_PORT: u16 = 18100;
-
-/// The subject of the certificate a pod serves for an SNI name.
-fn served_subject(pod: &EnvPod, server_name: &str) -> String {
-    let script = format!(
-        "openssl s_client -connect {}:8443 -servername {server_name} </dev/null 2>/dev/null | openssl x509 -noout -subject",
-        pod.ip
-    );
-    match Command::new("sh").arg("-c").arg(script).output() {
-        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().trim_start_matches("subject=").to_owned(),
-        Err(error) => format!("openssl: {error}"),
-    }
-}
-
-/// An HTTPS request to a pod with curl (`--resolve`, so SNI and Host are the name): status and backend.
-fn curl_https(pod: &EnvPod, host: &str, path: &str) -> String {
-    let output = Command::new("curl")
-        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code} %header{x-backend}", "--resolve"])
-        .arg(format!("{host}:8443:{}", pod.ip))
-        .arg(format!("https://{host}:8443{path}"))
-        .output();
-    match output {
-        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_owned(),
-        Err(error) => format!("curl: {error}"),
-    }
-}
 
 fn tls_ingress(name: &str, rules: serde_json::Value, tls: serde_json::Value) -> Result<Ingress> {
     Ok(serde_json::from_value(json!({
@@ -297,14 +271,14 @@ async fn tls_rows(rows: &mut Vec<Row>, pods: &[EnvPod]) {
         ("TLS: wildcard TLS host by SNI", "a.wild.example.com", "CN = *.wild.example.com"),
         ("TLS: unknown SNI gets the default certificate", "nowhere.example.com", "CN = haptic-default"),
     ] {
-        let got = env::on_every_pod(pods, |pod| async move { served_subject(pod, server_name) }).await;
+        let got = env::on_every_pod(pods, |pod| async move { env::served_subject(pod, 8443, server_name) }).await;
         rows.push(Row { case, request: format!("SNI {server_name}"), expected: subject.into(), got });
     }
     for (case, host, path, expected) in [
         ("TLS: HTTPS request routed like HTTP", "shop.example.com", "/", "200 svc-0"),
         ("TLS: ssl-redirect leaves HTTPS alone", "secure.example.com", "/x", "200 svc-2"),
     ] {
-        let got = env::on_every_pod(pods, |pod| async move { curl_https(pod, host, path) }).await;
+        let got = env::on_every_pod(pods, |pod| async move { env::curl_https(pod, host, 8443, path) }).await;
         rows.push(Row { case, request: format!("https://{host}{path}"), expected: expected.into(), got });
     }
 }
