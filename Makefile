@@ -38,7 +38,7 @@ fuzz:
 	HAPTIC_FUZZ_SECONDS=$(FUZZ_SECONDS) cargo test --lib fuzz:: -- --nocapture --test-threads=1
 
 test-env-scripts:
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/env/test_envctl.py
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/env/test_envctl.py tests/env/test_kubelet.py
 
 # The integration tests share one environment, started here and always stopped afterwards.
 # Every part is real and must start (the Dataplane API is built from its upstream source):

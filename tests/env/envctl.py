@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(ENV_DIR))
+import kubelet  # noqa: E402  (the cluster mode's node agent; its network helpers are shared)
 REPO = ENV_DIR.parent.parent
 DEFAULT_STATE_DIR = REPO / "target" / "env"
 CACHE_DIR = Path(os.environ.get("HAPTIC_ENV_CACHE", Path.home() / ".cache" / "haptic-env"))
@@ -405,19 +407,6 @@ def build_conformance_suite() -> tuple[Path, Path]:
              "sigs.k8s.io/gateway-api/conformance/echo-basic", echo)
     suite = CACHE_DIR / "bin" / "gwconformance.test"
     go_build("Gateway API conformance suite", GWCONFORMANCE_DIR, ".", suite, test_binary=True)
-    return suite, echo
-    build_log = CACHE_DIR / "logs" / "build-gwconformance.log"
-    build_log.parent.mkdir(parents=True, exist_ok=True)
-    log(f"building the Gateway API conformance suite (a few minutes cold; log: {build_log})")
-    started = time.monotonic()
-    with build_log.open("w") as out:
-        result = subprocess.run([go, "test", "-c", "-o", str(suite), "."], cwd=GWCONFORMANCE_DIR,
-                                stdout=out, stderr=subprocess.STDOUT, check=False)
-    if result.returncode != 0:
-        raise EnvError(f"build failed: the conformance suite did not build (go test -c exited "
-                       f"{result.returncode}); log: {build_log}\n{tail(build_log)}")
-    stamp_file.write_text(stamp)
-    log(f"built the Gateway API conformance suite in {time.monotonic() - started:.0f}s")
     return suite, echo
 
 
@@ -907,6 +896,84 @@ def start_otelcol(sup: Supervisor, binary: Path, ip: str, ready_timeout: float) 
             "traces_file": str(traces), "log": str(log_path)}
 
 
+# --------------------------------------------------------------------------- cluster mode
+
+# What the cluster mode's controller manager runs: Deployments become ReplicaSets and Pods,
+# Services get EndpointSlices (and Endpoints), deleted owners and namespaces take their objects
+# along. No node lifecycle controller: the kubelet clears its Node's not-ready taint itself,
+# and nothing evicts Pods when a heartbeat is late on a busy machine.
+CLUSTER_CONTROLLERS = "deployment,replicaset,endpointslice,endpoint,garbagecollector,namespace"
+
+
+def cluster_netns(net: int) -> str:
+    """The network namespace the whole cluster mode of environment `net` runs in: only its own
+    loopback and the Pod bridge, so whatever address a test is given, it stays here."""
+    return f"hptconf-{net}"
+
+
+def in_netns(name: str) -> bool:
+    try:
+        return os.stat(f"/run/netns/{name}").st_ino == os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return False
+
+
+def remove_cluster_netns(net: int) -> list[str]:
+    """Removes the Pod sandboxes and the cluster mode's network namespace (the bridge, the
+    Pods' veths and the backend host's outer end go with it); returns what is left."""
+    left = kubelet.remove_network(net)
+    run_ip("netns", "del", cluster_netns(net))
+    if cluster_netns(net) in run_ip("netns", "list").stdout.split():
+        left.append(f"network namespace {cluster_netns(net)}")
+    return left
+
+
+def make_cluster_netns(net: int) -> None:
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        raise EnvError("missing tool: the cluster mode needs `ip` (iproute2) and `nsenter` (util-linux)")
+    remove_cluster_netns(net)
+    for step in (("netns", "add", cluster_netns(net)), ("-n", cluster_netns(net), "link", "set", "lo", "up")):
+        done = run_ip(*step)
+        if done.returncode != 0:
+            raise EnvError(f"cannot make the cluster mode's network namespace (needs root or CAP_NET_ADMIN): "
+                           f"`ip {' '.join(step)}` said: {done.stderr.strip()}")
+
+
+def start_cluster(sup: Supervisor, components: Components, args: argparse.Namespace, kubeconfig: Path,
+                  ca_file: Path, kube: KubeAPI) -> dict:
+    """What turns the API server into a cluster that runs Pods: the controller manager and the
+    scheduler (from the API server launcher's own build), the process kubelet and the
+    LoadBalancer Services' stand-in."""
+    state_dir, net = sup.state_dir, args.net
+    launcher, config = str(components.apiserver), f"--kubeconfig={kubeconfig}"
+    sup.start("controller-manager", [launcher, "controller-manager", config, "--leader-elect=false",
+                                     "--secure-port=0", "--use-service-account-credentials=false",
+                                     f"--controllers={CLUSTER_CONTROLLERS}"], state_dir / "controller-manager.log")
+    sup.start("scheduler", [launcher, "scheduler", config, "--leader-elect=false", "--secure-port=0"],
+              state_dir / "scheduler.log")
+    kubelet_log = state_dir / "kubelet.log"
+    agent = sup.start("kubelet", [sys.executable, str(ENV_DIR / "kubelet.py"), str(kubeconfig), str(ca_file),
+                                  "--net", str(net), "--state-dir", str(state_dir / "kubelet"),
+                                  "--binaries", str(CACHE_DIR / "bin")], kubelet_log)
+    sup.start("loadbalancer", [sys.executable, str(ENV_DIR / "loadbalancer.py"), str(kubeconfig), str(ca_file),
+                               "--net", str(net)], state_dir / "loadbalancer.log")
+
+    def node_ready() -> bool:
+        with contextlib.suppress(EnvError):
+            node = kube.call("GET", f"/api/v1/nodes/{kubelet.node_name(net)}")
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in node.get("status", {}).get("conditions", []))
+            return ready and not node.get("spec", {}).get("taints")
+        return False
+
+    wait_until(f"kubelet (Node {kubelet.node_name(net)})", kubelet_log, node_ready, args.ready_timeout, agent)
+    return {"netns": cluster_netns(net), "node": kubelet.node_name(net), "pod_cidr": f"198.19.{net}.0/24",
+            "load_balancer_cidr": f"127.{net}.7.0/24", "kubelet_log": str(kubelet_log),
+            "controller_manager_log": str(state_dir / "controller-manager.log"),
+            "scheduler_log": str(state_dir / "scheduler.log"),
+            "loadbalancer_log": str(state_dir / "loadbalancer.log")}
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -941,6 +1008,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         if load_processes(state_dir):
             # A half-dead environment: stop what is left before starting afresh.
             stop_processes(state_dir)
+        if args.cluster and not in_netns(cluster_netns(args.net)):
+            # Built outside: the builds need the module proxy, which the namespace cannot reach.
+            build_conformance_suite()
+            make_cluster_netns(args.net)
+            # So that `down` finds the namespace even when `up` fails before writing env.json.
+            (state_dir / "cluster-net").write_text(str(args.net))
+            entered = True
+        else:
+            entered = False
+    if entered:
+        os.execvp("nsenter", ["nsenter", f"--net=/run/netns/{cluster_netns(args.net)}", sys.executable,
+                              str(ENV_DIR / "envctl.py"), *sys.argv[1:]])
+    with state_lock(state_dir):
         started = time.monotonic()
         net = args.net
         pod_ips = [f"127.{net}.0.{2 + i}" for i in range(args.pods)]
@@ -961,12 +1041,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             # an ephemeral port freed by a killed server can be taken at once by some client.
             args.apiserver_port = APISERVER_BASE_PORT + net
         wanted.append(("127.0.0.1", args.apiserver_port, "kube-apiserver"))
+        if args.cluster:
+            wanted.append((kubelet.node_address(net), kubelet.KUBELET_PORT, "the cluster mode's kubelet"))
         check_ports_free(wanted)
         components = install(fetch=not args.no_install)
         check_versions(args.haproxy_versions.split(","), components)
         check_pod_filesystems()
 
-        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol", "dataplane-pki", "validator"):
+        for stale in ("pods", "apiserver", "env.json", "backends.log", "otelcol", "dataplane-pki", "validator",
+                      "kubelet"):
             path = state_dir / stale
             if path.is_dir():
                 shutil.rmtree(path)
@@ -1023,7 +1106,10 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
     kube.ensure_namespace(args.namespace)
     for pod in pods:
         kube.register_pod(args.namespace, pod)
+    cluster = start_cluster(sup, components, args, kubeconfig, apiserver_dir / "pki" / "ca.crt", kube) \
+        if args.cluster else None
     return {
+        "cluster": cluster,
         "state_dir": str(state_dir),
         "kubeconfig": str(kubeconfig),
         "apiserver": {"url": kube.server, "log": str(apiserver_log)},
@@ -1070,6 +1156,11 @@ def print_summary(manifest: dict) -> None:
               f"`ip netns exec {host['namespace']} ...` starts a backend there)")
     otlp = manifest["otlp"]
     print(f"otlp:        OTEL_EXPORTER_OTLP_ENDPOINT={otlp['http_endpoint']} (traces in {otlp['traces_file']})")
+    if manifest.get("cluster"):
+        cluster = manifest["cluster"]
+        print(f"cluster:     Node {cluster['node']}, Pods on {cluster['pod_cidr']}, LoadBalancer addresses from "
+              f"{cluster['load_balancer_cidr']}; all in network namespace {cluster['netns']} "
+              f"(`nsenter --net=/run/netns/{cluster['netns']} ...` reaches them)")
     if "startup_seconds" in manifest:
         print(f"started in {manifest['startup_seconds']}s; stop with `make env-down`")
 
@@ -1082,11 +1173,18 @@ def cmd_down(args: argparse.Namespace) -> int:
         left = stop_processes(state_dir)
         manifest_path = state_dir / "env.json"
         net = None
+        cluster = None
         with contextlib.suppress(OSError, ValueError, KeyError):
-            net = json.loads(manifest_path.read_text())["net"]
+            manifest = json.loads(manifest_path.read_text())
+            net, cluster = manifest["net"], manifest.get("cluster")
         with contextlib.suppress(OSError):
             manifest_path.unlink()
         host_left = remove_backend_host(int(net)) if net is not None else []
+        cluster_net = state_dir / "cluster-net"
+        if cluster or cluster_net.exists():
+            with contextlib.suppress(OSError, ValueError):
+                host_left += remove_cluster_netns(int(cluster_net.read_text()))
+                cluster_net.unlink()
     if left:
         raise EnvError(f"processes still running after SIGKILL: {left}")
     if host_left:
@@ -1227,6 +1325,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--apiserver-port", type=int, default=0,
                            help=f"default {APISERVER_BASE_PORT} + --net, outside the ephemeral port range")
             p.add_argument("--no-install", action="store_true", help="fail instead of fetching what is missing")
+            p.add_argument("--cluster", action="store_true",
+                           help="a cluster that runs Pods (controller manager, scheduler, process kubelet, "
+                                "LoadBalancer addresses), all in a network namespace of its own, hptconf-NET")
     sub.add_parser("install")
     sub.add_parser("conformance-build", help="build the Gateway API conformance suite and its echo server")
     dataplane = sub.add_parser("dataplane", help="stop or start one pod's Dataplane API")

@@ -190,6 +190,9 @@ func apiserverArgs(cfg launcherConfig, pki pkiFiles, etcdURL string) []string {
 		// the ServiceAccount admission plugin would then refuse every Pod.
 		"--disable-admission-plugins=ServiceAccount",
 		"--cert-dir=" + filepath.Join(cfg.dataDir, "pki"),
+		// The cluster mode's kubelet (tests/env/kubelet.py) gives its Node an InternalIP only;
+		// the default order would try its hostname first, through DNS.
+		"--kubelet-preferred-address-types=InternalIP",
 		"--v=0",
 	}
 }
