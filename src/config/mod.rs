@@ -451,9 +451,43 @@ pub struct GatewaySettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_http_port: Option<u16>,
     /// Addresses written into Gateways' `status.addresses` (the HAProxy Service's, say);
-    /// the HAProxy pods' IPs when empty.
+    /// the HAProxy pods' IPs when empty. Not used with `gatewayServices`.
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// One address per Gateway: each Gateway's listeners get fleet ports of their own and a
+    /// Service of its own maps each listener port to them; the Gateway's addresses are that
+    /// Service's. Without it, every Gateway shares the pods' ports and `addresses`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_services: Option<GatewayServices>,
+}
+
+/// The Services that give each Gateway an address of its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayServices {
+    /// The namespace the Services are made in: the HAProxy pods' own (a Service selects Pods
+    /// of its namespace only).
+    #[schemars(length(min = 1))]
+    pub namespace: String,
+    /// The pod labels each Service selects; the configuration's `podSelector.matchLabels`
+    /// when empty.
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+    /// The Services' type: `LoadBalancer` (the default), `NodePort` or `ClusterIP`.
+    #[serde(default = "load_balancer")]
+    pub service_type: String,
+    /// Annotations put on every such Service (a cloud's load balancer settings, say).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// The first fleet port handed to a listener.
+    pub first_port: u16,
+    /// The last fleet port handed to a listener (the range must not hold the configuration's
+    /// own ports).
+    pub last_port: u16,
+}
+
+fn load_balancer() -> String {
+    "LoadBalancer".into()
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! written; a write that fails is retried a second later, or with the next batch. Only the
 //! leader writes. The writing runs on a task of its own (`writers::StatusTask`), each write
 //! with a timeout and 8 in flight at most, so a slow API server never holds up the
-//! controller's loop (its renders, leadership changes, shutdown).
+//! controller's loop (its renders, leadership changes, shutdown). With `gatewayServices`, the
+//! Gateways' Services are brought in line first (`gateway_services`), so that a Gateway's
+//! address exists before its status names it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,15 +24,23 @@ const WRITES_IN_FLIGHT: usize = 8;
 /// How long one write (a read and a patch) may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// One render's batch: what it owes, and the Services' settings of the version it rendered.
+pub(super) struct Batch {
+    /// Statuses and Services.
+    pub(super) owed: crate::gateway::Owed,
+    /// `gatewayServices`, when the Gateways get Services.
+    pub(super) services: Option<crate::config::GatewayServices>,
+}
+
 /// What the Gateway API writer owes: the latest batch a render offered.
 #[derive(Default)]
-pub(super) struct LatestBatch(Option<StatusSet>);
+pub(super) struct LatestBatch(Option<Batch>);
 
 impl super::writers::Owed for LatestBatch {
-    type Offer = StatusSet;
+    type Offer = Batch;
 
-    fn merge(&mut self, statuses: StatusSet) -> bool {
-        self.0 = Some(statuses);
+    fn merge(&mut self, batch: Batch) -> bool {
+        self.0 = Some(batch);
         true
     }
 }
@@ -39,14 +49,16 @@ impl super::writers::StatusWrites for GatewayStatusWriter {
     type Owed = LatestBatch;
 
     async fn pass(&mut self, owed: &super::writers::SharedOwed<LatestBatch>, may_write: bool) -> bool {
-        if let Some(statuses) = owed.lock().0.take() {
-            self.offer(statuses);
+        if let Some(batch) = owed.lock().0.take() {
+            self.services.offer(batch.services, batch.owed.services);
+            self.offer(batch.owed.status);
         }
         // A follower keeps the batch: it writes it if it leads again before a newer one comes.
         if may_write {
+            self.services.flush(&self.client, &self.controller_name).await;
             self.flush().await;
         }
-        self.pending.is_some()
+        self.pending.is_some() || self.services.pending()
     }
 }
 
@@ -57,12 +69,15 @@ pub(super) struct GatewayStatusWriter {
     written: BTreeMap<Key, ObjectStatus>,
     /// The last set asked for, kept to retry what failed.
     pending: Option<StatusSet>,
+    /// The Gateways' Services.
+    services: super::gateway_services::ServiceWriter,
 }
 
 impl GatewayStatusWriter {
     /// A writer for objects of `controller_name`.
     pub(super) fn new(client: kube::Client, controller_name: String) -> Self {
-        Self { client, controller_name, written: BTreeMap::new(), pending: None }
+        let services = super::gateway_services::ServiceWriter::default();
+        Self { client, controller_name, written: BTreeMap::new(), pending: None, services }
     }
 
     /// Takes the status a render owes; [`Self::flush`] writes it.

@@ -417,7 +417,7 @@ impl Controller {
     }
 
     /// Offers the Gateway API status a render owes, starting the writer when needed.
-    fn offer_gateway_status(&mut self, statuses: Option<crate::gateway::status::StatusSet>) {
+    fn offer_gateway_status(&mut self, owed: Option<crate::gateway::Owed>) {
         let Some(active) = &self.active else { return };
         let (Some(settings), true) = (&active.spec.gateway_api, self.writes_status()) else { return };
         let writer = self.gateway_writer.get_or_insert_with(|| {
@@ -425,8 +425,12 @@ impl Controller {
             let writes = GatewayStatusWriter::new(self.client.clone(), settings.controller_name.clone());
             StatusTask::start(&self.tasks, "gateway status", writes, may_write)
         });
-        if let Some(statuses) = statuses {
-            writer.offer(statuses);
+        if let Some(owed) = owed {
+            let mut services = settings.gateway_services.clone();
+            if let Some(services) = services.as_mut().filter(|s| s.selector.is_empty()) {
+                services.selector = active.spec.pod_selector.match_labels.clone();
+            }
+            writer.offer(super::gateway_status::Batch { owed, services });
         }
     }
 

@@ -10,6 +10,7 @@
 mod activation;
 pub mod credentials;
 mod deploy;
+mod gateway_services;
 mod gateway_status;
 mod handlers;
 mod ingress_status;

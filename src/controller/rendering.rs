@@ -109,7 +109,7 @@ pub(super) struct Rendered {
     /// The objects the render left out, which are not served (their status says nothing).
     pub(super) offenders: Vec<crate::store::ObjectRef>,
     /// The Gateway API status the render owes, when the configuration serves the Gateway API.
-    pub(super) gateway_status: Option<crate::gateway::status::StatusSet>,
+    pub(super) gateway_status: Option<crate::gateway::Owed>,
     /// The server slots as the render left them, to journal.
     pub(super) slots: std::sync::Arc<crate::plan::slots::Slots>,
 }

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use model::build;
+pub use model::{build, stable_hash};
 
 /// The watched-resource aliases the model reads (each may be absent: nothing of that kind).
 pub mod aliases {
@@ -94,9 +94,44 @@ pub struct Model {
     pub service_backends: Vec<ServiceTarget>,
     /// Backends of rules that need one of their own (filters, weights, gRPC, TLS and TCP).
     pub rule_backends: Vec<RuleBackend>,
+    /// The Service each served Gateway is given (`gatewayServices`), which the controller
+    /// makes and keeps.
+    #[serde(skip)]
+    pub gateway_services: Vec<GatewayService>,
     /// What the controller writes into each object's status.
     #[serde(skip)]
     pub status: status::StatusSet,
+}
+
+/// What a render owes the API server for the Gateway API.
+#[derive(Clone, Debug, Default)]
+pub struct Owed {
+    /// Every object's status.
+    pub status: status::StatusSet,
+    /// The Gateways' Services (`gatewayServices`; empty without).
+    pub services: Vec<GatewayService>,
+}
+
+/// The Service giving one Gateway its address: each listener port to the Gateway's fleet port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayService {
+    /// The Gateway's namespace.
+    pub gateway_namespace: String,
+    /// The Gateway's name.
+    pub gateway_name: String,
+    /// The Service's name (in `gatewayServices.namespace`).
+    pub name: String,
+    /// (listener port, fleet port), by listener port.
+    pub ports: Vec<(u16, u16)>,
+}
+
+/// The name of the Service of Gateway `namespace`/`name`: a DNS label, `gw-<name>-<hash>`,
+/// unique per Gateway whatever its namespace.
+pub fn gateway_service_name(namespace: &str, name: &str) -> String {
+    let readable: String =
+        name.chars().take(40).map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let hash = model::stable_hash(&format!("{namespace}/{name}")) & 0xffff_ffff;
+    format!("gw-{}-{hash:08x}", readable.trim_matches('-'))
 }
 
 /// A frontend: the listeners of every Gateway on one port.
@@ -104,8 +139,11 @@ pub struct Model {
 pub struct Frontend {
     /// `gw_<port>`.
     pub name: String,
-    /// The port.
+    /// The port it binds on the pods.
     pub port: u16,
+    /// The port clients reach it on: its listeners' own, which differs from `port` where a
+    /// Gateway's Service maps it to a fleet port (redirects name it).
+    pub public_port: u16,
     /// What it speaks.
     pub protocol: Protocol,
     /// Its listeners, most specific hostname first: the first that matches the request's host
@@ -334,12 +372,18 @@ pub struct Inputs {
     pub secrets: BTreeMap<(String, String), resources::SecretSummary>,
     /// The HAProxy pods' IPs (Gateway addresses when none are configured).
     pub pod_ips: Vec<String>,
+    /// The addresses each Gateway's Service was given, by Service name (`gatewayServices`).
+    pub service_addresses: BTreeMap<String, Vec<String>>,
 }
 
 impl Inputs {
     /// Reads the Gateway API's objects from the render's stores. Services and Secrets are read
     /// only where Gateway objects name them; an object that does not parse is skipped.
-    pub fn from_stores(stores: &crate::store::Stores, pod_ips: Vec<String>) -> Self {
+    pub fn from_stores(
+        stores: &crate::store::Stores,
+        pod_ips: Vec<String>,
+        services: Option<&crate::config::GatewayServices>,
+    ) -> Self {
         fn parse<T: serde::de::DeserializeOwned>(object: &crate::store::StoredObject) -> Option<T> {
             // Straight from the stored template value: no JSON in between.
             T::deserialize(object.value.clone()).ok()
@@ -386,6 +430,14 @@ impl Inputs {
         for (namespace, name) in wanted {
             if let Some(service) = get(aliases::SERVICES, &namespace, &name).and_then(|o| parse(&o)) {
                 inputs.services.insert((namespace, name), service);
+            }
+        }
+        if let Some(services) = services {
+            for gateway in &inputs.gateways {
+                let name = gateway_service_name(&gateway.metadata.namespace, &gateway.metadata.name);
+                let service = get(aliases::SERVICES, &services.namespace, &name).and_then(|o| parse(&o));
+                let addresses = service.map(|s: resources::Service| s.load_balancer_addresses()).unwrap_or_default();
+                inputs.service_addresses.insert(name, addresses);
             }
         }
         let mut certificates = Vec::new();

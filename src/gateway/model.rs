@@ -26,7 +26,10 @@ struct ListenerState<'a> {
     gateway: usize,
     listener: &'a Listener,
     id: String,
+    /// The port the spec gives it (what routes' `parentRef.port` names).
     port: u16,
+    /// The port its frontend binds on the pods: `port`, or a fleet port of its Gateway's own.
+    frontend_port: u16,
     hostname: Option<String>,
     protocol: Option<Protocol>,
     kinds: Vec<&'static str>,
@@ -44,7 +47,17 @@ impl ListenerState<'_> {
     fn served(&self) -> bool {
         self.refused.is_none() && self.conflict.is_none() && self.protocol.is_some()
     }
+
+    /// Whether routes attach to it: a served listener, or one only its certificates keep from
+    /// being served (the spec counts its routes, which are served once a certificate is there).
+    fn attachable(&self) -> bool {
+        self.served()
+            || (self.conflict.is_none() && self.protocol.is_some() && matches!(self.refused, Some((NO_CERTIFICATE, _))))
+    }
 }
+
+/// The reason an HTTPS listener without one usable certificate is refused.
+const NO_CERTIFICATE: &str = "Invalid";
 
 fn default_kinds(protocol: Protocol) -> Vec<&'static str> {
     match protocol {
@@ -102,29 +115,126 @@ fn printable(text: &str) -> bool {
 }
 
 /// Every listener of the served Gateways, judged: whether it can be served, what it refers to,
-/// and whether it conflicts with one judged before it.
+/// and whether it conflicts with another. Within a Gateway, indistinct listeners all conflict
+/// (the spec: none is picked as the winner). Across Gateways sharing the pods' ports, the older
+/// Gateway keeps a contested port or hostname; with `gatewayServices` each Gateway has ports of
+/// its own, so Gateways never contend.
 fn judge_listeners<'a>(
     settings: &GatewaySettings,
     inputs: &Inputs,
     gateways: &[&'a Gateway],
 ) -> Vec<ListenerState<'a>> {
     let mut states = Vec::new();
-    // Port → (protocol, hostnames taken) across every served Gateway: one fleet serves them all.
+    // Frontend port → (protocol, hostnames taken) across every served Gateway.
     let mut ports: BTreeMap<u16, (Protocol, Vec<Option<String>>)> = BTreeMap::new();
+    let mut fleet = settings.gateway_services.as_ref().map(|services| FleetPorts::new(settings, services));
     for (index, gateway) in gateways.iter().enumerate() {
-        for listener in &gateway.spec.listeners {
-            let mut state = judge_listener(settings, index, gateway, listener);
-            if let Some(protocol) = state.protocol {
-                judge_route_kinds(&mut state, protocol);
-                if protocol == Protocol::Https {
-                    judge_certificates(inputs, &gateway.metadata.namespace, &mut state);
+        let mut own: Vec<ListenerState<'a>> = gateway
+            .spec
+            .listeners
+            .iter()
+            .map(|listener| {
+                let mut state = judge_listener(settings, index, gateway, listener);
+                if let Some(protocol) = state.protocol {
+                    judge_route_kinds(&mut state, protocol);
+                    if protocol == Protocol::Https {
+                        judge_certificates(inputs, &gateway.metadata.namespace, &mut state);
+                    }
                 }
-            }
+                state
+            })
+            .collect();
+        if let Some(fleet) = fleet.as_mut() {
+            fleet.assign(gateway, &mut own);
+        }
+        judge_indistinct(&mut own);
+        for mut state in own {
             claim_port(&mut ports, &mut state);
             states.push(state);
         }
     }
     states
+}
+
+/// Listeners of one Gateway that cannot be told apart: on one port with different protocols
+/// (`ProtocolConflict`), or with the same protocol and hostname (`HostnameConflict`; any two
+/// TCP listeners). Every one of them is conflicted.
+fn judge_indistinct(own: &mut [ListenerState<'_>]) {
+    let servable: Vec<(usize, u16, Protocol, Option<String>)> = own
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.refused.is_none())
+        .filter_map(|(i, s)| s.protocol.map(|p| (i, s.port, p, s.hostname.clone())))
+        .collect();
+    for &(i, port, protocol, ref hostname) in &servable {
+        let others = servable.iter().filter(|(j, p, ..)| *j != i && *p == port);
+        let mut conflict = None;
+        for (_, _, other_protocol, other_hostname) in others {
+            if *other_protocol != protocol {
+                conflict =
+                    Some(("ProtocolConflict", format!("another listener on port {port} speaks another protocol")));
+                break;
+            }
+            if protocol == Protocol::Tcp || other_hostname == hostname {
+                let why = format!("another listener of this Gateway on port {port} has the same hostname");
+                conflict.get_or_insert(("HostnameConflict", why));
+            }
+        }
+        if conflict.is_some() {
+            own[i].conflict = conflict;
+        }
+    }
+}
+
+/// The fleet ports handed to Gateways' listeners (`gatewayServices`): each (Gateway, listener
+/// port) gets a port of the range picked by a hash of its names, the next free one when taken
+/// by an older Gateway, so a Gateway keeps its ports as others come and go.
+struct FleetPorts {
+    first: u16,
+    span: u32,
+    taken: BTreeSet<u16>,
+}
+
+impl FleetPorts {
+    fn new(settings: &GatewaySettings, services: &crate::config::GatewayServices) -> Self {
+        let (first, last) = (services.first_port.min(services.last_port), services.first_port.max(services.last_port));
+        let mut taken: BTreeSet<u16> = settings.reserved_ports.iter().copied().collect();
+        taken.extend(settings.shared_http_port);
+        Self { first, span: u32::from(last - first) + 1, taken }
+    }
+
+    /// Gives each servable listener of `gateway` its Gateway's fleet port for its port; a
+    /// listener left without one (the range is full) is refused.
+    fn assign(&mut self, gateway: &Gateway, own: &mut [ListenerState<'_>]) {
+        let mut given: BTreeMap<u16, Option<u16>> = BTreeMap::new();
+        for state in own.iter_mut().filter(|s| s.refused.is_none()) {
+            let port = state.port;
+            let fleet_port = *given.entry(port).or_insert_with(|| self.take(gateway, port));
+            match fleet_port {
+                Some(fleet_port) => state.frontend_port = fleet_port,
+                None => {
+                    let why = format!("no fleet port is left for port {port} (gatewayServices' range is full)");
+                    state.refused = Some(("PortUnavailable", why));
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, gateway: &Gateway, port: u16) -> Option<u16> {
+        let meta = &gateway.metadata;
+        let start = stable_hash(&format!("{}/{}/{port}", meta.namespace, meta.name)) % u64::from(self.span);
+        let start = u32::try_from(start).unwrap_or(0);
+        let free = (0..self.span)
+            .map(|step| self.first.saturating_add(u16::try_from((start + step) % self.span).unwrap_or(0)))
+            .find(|candidate| !self.taken.contains(candidate))?;
+        self.taken.insert(free);
+        Some(free)
+    }
+}
+
+/// FNV-1a: a hash that stays the same across builds and platforms (fleet ports must).
+pub fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// A listener's protocol, name, port and hostname, judged on their own.
@@ -140,6 +250,7 @@ fn judge_listener<'a>(
         listener,
         id: format!("{}_{}_{}", meta.namespace, meta.name, listener.name),
         port: u16::try_from(listener.port).unwrap_or(0),
+        frontend_port: u16::try_from(listener.port).unwrap_or(0),
         hostname: listener.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
         protocol: None,
         kinds: Vec::new(),
@@ -168,8 +279,11 @@ fn judge_listener<'a>(
     if !(plain(&meta.namespace) && plain(&meta.name) && plain(&listener.name)) {
         state.refused = Some(("UnsupportedValue", "the Gateway's or listener's name cannot name a listener".into()));
     }
-    // The shared port takes HTTP listeners only; other reserved ports take none.
-    let taken = if settings.shared_http_port == Some(state.port) {
+    // The shared port takes HTTP listeners only; other reserved ports take none. With
+    // Gateway Services, listeners bind fleet ports, so no port of theirs is taken.
+    let taken = if settings.gateway_services.is_some() {
+        false
+    } else if settings.shared_http_port == Some(state.port) {
         state.protocol != Some(Protocol::Http)
     } else {
         settings.reserved_ports.contains(&state.port)
@@ -235,25 +349,27 @@ fn judge_certificates(inputs: &Inputs, gateway_namespace: &str, state: &mut List
         }
     }
     if state.certificates.is_empty() && state.refused.is_none() {
-        state.refused = Some(("Invalid", "no usable certificate".into()));
+        state.refused = Some((NO_CERTIFICATE, "no usable certificate".into()));
         state.unresolved.get_or_insert(("InvalidCertificateRef", "no certificate".into()));
     }
 }
 
-/// Claims a servable listener's port and hostname, or marks it conflicted with one before it.
+/// Claims a servable listener's frontend port and hostname, or marks it conflicted with an
+/// older Gateway's listener there.
 fn claim_port(ports: &mut BTreeMap<u16, (Protocol, Vec<Option<String>>)>, state: &mut ListenerState<'_>) {
-    let (None, Some(protocol)) = (&state.refused, state.protocol) else { return };
-    match ports.get_mut(&state.port) {
+    let (None, None, Some(protocol)) = (&state.refused, &state.conflict, state.protocol) else { return };
+    let port = state.frontend_port;
+    match ports.get_mut(&port) {
         Some((taken, _)) if *taken != protocol => {
-            state.conflict = Some(("ProtocolConflict", format!("port {} serves another protocol", state.port)));
+            state.conflict = Some(("ProtocolConflict", format!("port {port} serves another protocol")));
         }
         Some((_, hosts)) if protocol == Protocol::Tcp || hosts.contains(&state.hostname) => {
-            let why = format!("another listener on port {} serves this hostname", state.port);
+            let why = format!("another Gateway's listener on port {port} serves this hostname");
             state.conflict = Some(("HostnameConflict", why));
         }
         Some((_, hosts)) => hosts.push(state.hostname.clone()),
         None => {
-            ports.insert(state.port, (protocol, vec![state.hostname.clone()]));
+            ports.insert(port, (protocol, vec![state.hostname.clone()]));
         }
     }
 }
@@ -745,7 +861,30 @@ pub fn build(settings: &GatewaySettings, inputs: &Inputs) -> Model {
     }
     tables.finish(&mut model, frontends);
     model.status.extend(gateway_statuses(settings, inputs, &gateways, &listeners));
+    if settings.gateway_services.is_some() {
+        model.gateway_services = gateway_services(&gateways, &listeners);
+    }
     model
+}
+
+/// The Service of each Gateway with a served listener: its listener ports to its fleet ports.
+fn gateway_services(gateways: &[&Gateway], listeners: &[ListenerState<'_>]) -> Vec<super::GatewayService> {
+    let mut services = Vec::new();
+    for (index, gateway) in gateways.iter().enumerate() {
+        let ports: BTreeSet<(u16, u16)> =
+            listeners.iter().filter(|l| l.gateway == index && l.served()).map(|l| (l.port, l.frontend_port)).collect();
+        if ports.is_empty() {
+            continue;
+        }
+        let meta = &gateway.metadata;
+        services.push(super::GatewayService {
+            gateway_namespace: meta.namespace.clone(),
+            gateway_name: meta.name.clone(),
+            name: super::gateway_service_name(&meta.namespace, &meta.name),
+            ports: ports.into_iter().collect(),
+        });
+    }
+    services
 }
 
 /// The classes of this controller, each with its Accepted status.
@@ -791,9 +930,10 @@ fn frontends_of(settings: &GatewaySettings, listeners: &[ListenerState<'_>]) -> 
     let mut frontends: BTreeMap<u16, Frontend> = BTreeMap::new();
     for state in listeners.iter().filter(|s| s.served()) {
         let Some(protocol) = state.protocol else { continue };
-        let frontend = frontends.entry(state.port).or_insert_with(|| Frontend {
-            name: format!("gw_{}", state.port),
-            port: state.port,
+        let frontend = frontends.entry(state.frontend_port).or_insert_with(|| Frontend {
+            name: format!("gw_{}", state.frontend_port),
+            port: state.frontend_port,
+            public_port: state.port,
             protocol,
             listeners: Vec::new(),
             certificates: Vec::new(),
@@ -801,7 +941,7 @@ fn frontends_of(settings: &GatewaySettings, listeners: &[ListenerState<'_>]) -> 
             prefix_entries: Vec::new(),
             conditional: Vec::new(),
             tcp_backend: None,
-            shared: settings.shared_http_port == Some(state.port),
+            shared: settings.shared_http_port == Some(state.frontend_port),
         });
         frontend.listeners.push(ListenerModel {
             id: state.id.clone(),
@@ -935,9 +1075,13 @@ impl RouteTables {
         for (rule_index, (target, matches)) in targets.into_iter().enumerate() {
             for attachment in attachments {
                 let listener = &listeners[attachment.listener];
+                if !listener.served() {
+                    // Attached and counted, but its listener has no frontend to serve it.
+                    continue;
+                }
                 match ctx.kind {
                     TCP_ROUTE => {
-                        if let Some(frontend) = frontends.get_mut(&listener.port) {
+                        if let Some(frontend) = frontends.get_mut(&listener.frontend_port) {
                             frontend.tcp_backend.get_or_insert_with(|| target.backend.clone());
                         }
                     }
@@ -945,7 +1089,7 @@ impl RouteTables {
                     TLS_ROUTE => {
                         for host in &attachment.hosts {
                             let key = format!("{}|{}", listener.id, host.as_deref().unwrap_or(""));
-                            let entries = self.exact.entry(listener.port).or_default();
+                            let entries = self.exact.entry(listener.frontend_port).or_default();
                             entries.entry(key).or_insert_with(|| format!("0:{}", target.backend));
                         }
                     }
@@ -976,7 +1120,7 @@ impl RouteTables {
         backend: &str,
         (route_order, rule_index, match_index): (usize, usize, usize),
     ) {
-        let port = listener.port;
+        let port = listener.frontend_port;
         let value_rank = rank(host.as_deref(), m);
         let value = format!("{value_rank}:{backend}");
         let host_text = host.as_deref().unwrap_or("");
@@ -1062,13 +1206,28 @@ fn gateway_statuses(
     gateways: &[&Gateway],
     listeners: &[ListenerState<'_>],
 ) -> Vec<ObjectStatus> {
-    let addresses = if settings.addresses.is_empty() { inputs.pod_ips.clone() } else { settings.addresses.clone() };
+    let shared = if settings.addresses.is_empty() { inputs.pod_ips.clone() } else { settings.addresses.clone() };
     let mut statuses = Vec::new();
     for (index, gateway) in gateways.iter().enumerate() {
         let mine: Vec<&ListenerState<'_>> = listeners.iter().filter(|l| l.gateway == index).collect();
         let listener_statuses: Vec<ListenerStatus> = mine.iter().map(|l| listener_status(l)).collect();
         let served = mine.iter().filter(|l| l.served()).count();
-        let conditions = if served == mine.len() {
+        let (addresses, service) = match &settings.gateway_services {
+            Some(services) => {
+                let name = super::gateway_service_name(&gateway.metadata.namespace, &gateway.metadata.name);
+                let given = inputs.service_addresses.get(&name).cloned().unwrap_or_default();
+                (given, Some(format!("{}/{name}", services.namespace)))
+            }
+            None => (shared.clone(), None),
+        };
+        let conditions = if served > 0 && addresses.is_empty() && service.is_some() {
+            let why = format!("Service {} has no address yet", service.unwrap_or_default());
+            let accepted = if served == mine.len() { "Accepted" } else { "ListenersNotValid" };
+            vec![
+                Condition::yes("Accepted", accepted, "listeners are served"),
+                Condition::no("Programmed", "AddressNotAssigned", why),
+            ]
+        } else if served == mine.len() {
             vec![
                 Condition::yes("Accepted", "Accepted", "every listener is served"),
                 Condition::yes("Programmed", "Programmed", "rendered into the HAProxy configuration"),
@@ -1089,7 +1248,7 @@ fn gateway_statuses(
             namespace: gateway.metadata.namespace.clone(),
             name: gateway.metadata.name.clone(),
             generation: gateway.metadata.generation,
-            body: Body::Gateway { conditions, addresses: addresses.clone(), listeners: listener_statuses },
+            body: Body::Gateway { conditions, addresses, listeners: listener_statuses },
         });
     }
     statuses
@@ -1150,7 +1309,7 @@ fn attach(
     let mut attached = false;
     for index in candidates {
         let listener = &listeners[index];
-        if !listener.served() {
+        if !listener.attachable() {
             continue;
         }
         if !listener.kinds.contains(&ctx.kind) {
@@ -1220,6 +1379,7 @@ mod tests {
             reserved_ports: vec![8080],
             shared_http_port: None,
             addresses: vec![],
+            gateway_services: None,
         }
     }
 
@@ -1318,34 +1478,139 @@ mod tests {
         assert!(frontend.conditional[0].rank > frontend.conditional[2].rank);
     }
 
+    fn listener_reason(model: &Model, gateway: &str, name: &str, kind: &str) -> (bool, &'static str) {
+        let status = model.status.iter().find(|s| s.kind == "Gateway" && s.name == gateway).expect("gateway status");
+        let Body::Gateway { listeners, .. } = &status.body else { panic!("not a Gateway") };
+        let l = listeners.iter().find(|l| l.name == name).expect("listener");
+        l.conditions.iter().find(|c| c.kind == kind).map(|c| (c.status, c.reason)).expect("condition")
+    }
+
+    fn gateway_condition(model: &Model, gateway: &str, kind: &str) -> (bool, &'static str) {
+        let status = model.status.iter().find(|s| s.kind == "Gateway" && s.name == gateway).expect("gateway status");
+        let Body::Gateway { conditions, .. } = &status.body else { panic!("not a Gateway") };
+        conditions.iter().find(|c| c.kind == kind).map(|c| (c.status, c.reason)).expect("condition")
+    }
+
     #[test]
-    fn listeners_conflict_by_port_and_hostname_and_refuse_reserved_ports() {
+    fn indistinct_listeners_of_a_gateway_all_conflict_and_reserved_ports_are_refused() {
         let model = build(
             &settings(),
             &inputs(
                 gateway(json!([
                     {"name": "a", "port": 80, "protocol": "HTTP"},
                     {"name": "b", "port": 80, "protocol": "HTTP"},
-                    {"name": "c", "port": 80, "protocol": "TCP"},
-                    {"name": "d", "port": 8080, "protocol": "HTTP"},
+                    {"name": "c", "port": 90, "protocol": "HTTP", "hostname": "x.example.com"},
+                    {"name": "d", "port": 90, "protocol": "TCP"},
+                    {"name": "f", "port": 8080, "protocol": "HTTP"},
                     {"name": "e", "port": 81, "protocol": "UDP"},
+                    {"name": "g", "port": 91, "protocol": "HTTP"},
                 ])),
                 json!([]),
             ),
         );
-        let gateway = model.status.iter().find(|s| s.kind == "Gateway").expect("gateway status");
-        let Body::Gateway { listeners, conditions, .. } = &gateway.body else { panic!() };
-        let reason = |name: &str, kind: &str| {
-            let l = listeners.iter().find(|l| l.name == name).expect("listener");
-            l.conditions.iter().find(|c| c.kind == kind).map(|c| (c.status, c.reason)).expect("condition")
-        };
-        assert_eq!(reason("a", "Conflicted"), (false, "NoConflicts"));
-        assert_eq!(reason("b", "Conflicted"), (true, "HostnameConflict"));
-        assert_eq!(reason("c", "Conflicted"), (true, "ProtocolConflict"));
-        assert_eq!(reason("d", "Accepted"), (false, "PortUnavailable"));
-        assert_eq!(reason("e", "Accepted"), (false, "UnsupportedProtocol"));
-        assert_eq!((conditions[0].status, conditions[0].reason), (true, "ListenersNotValid"));
+        // The spec: no indistinct listener is picked as the winner.
+        assert_eq!(listener_reason(&model, "gw", "a", "Conflicted"), (true, "HostnameConflict"));
+        assert_eq!(listener_reason(&model, "gw", "b", "Conflicted"), (true, "HostnameConflict"));
+        assert_eq!(listener_reason(&model, "gw", "c", "Conflicted"), (true, "ProtocolConflict"));
+        assert_eq!(listener_reason(&model, "gw", "d", "Conflicted"), (true, "ProtocolConflict"));
+        assert_eq!(listener_reason(&model, "gw", "f", "Accepted"), (false, "PortUnavailable"));
+        assert_eq!(listener_reason(&model, "gw", "e", "Accepted"), (false, "UnsupportedProtocol"));
+        assert_eq!(listener_reason(&model, "gw", "g", "Conflicted"), (false, "NoConflicts"));
+        assert_eq!(gateway_condition(&model, "gw", "Accepted"), (true, "ListenersNotValid"));
         assert_eq!(model.frontends.len(), 1);
+    }
+
+    fn two_gateways_on_port_80(names: &[&str]) -> serde_json::Value {
+        let gateways: Vec<serde_json::Value> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                json!({"metadata": {"namespace": "ns", "name": name, "creationTimestamp": format!("2026-01-01T00:{i:02}:00Z")},
+                       "spec": {"gatewayClassName": "c", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+            })
+            .collect();
+        json!(gateways)
+    }
+
+    fn with_services() -> GatewaySettings {
+        GatewaySettings {
+            gateway_services: Some(crate::config::GatewayServices {
+                namespace: "haptic".into(),
+                selector: [("app".to_owned(), "haproxy".to_owned())].into(),
+                service_type: "LoadBalancer".into(),
+                annotations: BTreeMap::new(),
+                first_port: 20000,
+                last_port: 20009,
+            }),
+            ..settings()
+        }
+    }
+
+    #[test]
+    fn routes_attach_to_a_listener_only_its_missing_certificate_keeps_unserved_and_are_counted_not_served() {
+        let listeners = json!([{"name": "tls", "port": 443, "protocol": "HTTPS",
+                                "tls": {"certificateRefs": [{"name": "does-not-exist"}]}}]);
+        let route = json!({"metadata": {"namespace": "ns", "name": "r", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                           "spec": {"parentRefs": [{"name": "gw", "sectionName": "tls"}],
+                                    "rules": [{"backendRefs": [{"name": "a", "port": 80}]}]}});
+        let model = build(&settings(), &inputs(gateway(listeners), json!([route])));
+        let status = model.status.iter().find(|s| s.kind == "Gateway").expect("gateway status");
+        let Body::Gateway { listeners, .. } = &status.body else { panic!("not a Gateway") };
+        assert_eq!(listeners[0].attached_routes, 1);
+        assert_eq!(listener_reason(&model, "gw", "tls", "Programmed"), (false, "Invalid"));
+        assert_eq!(listener_reason(&model, "gw", "tls", "ResolvedRefs"), (false, "InvalidCertificateRef"));
+        assert!(model.frontends.is_empty(), "nothing is served without a certificate");
+    }
+
+    #[test]
+    fn gateways_sharing_the_pods_ports_leave_a_contested_hostname_to_the_older() {
+        let model = build(&settings(), &inputs(two_gateways_on_port_80(&["old", "young"]), json!([])));
+        assert_eq!(listener_reason(&model, "old", "http", "Conflicted"), (false, "NoConflicts"));
+        assert_eq!(listener_reason(&model, "young", "http", "Conflicted"), (true, "HostnameConflict"));
+        assert!(model.gateway_services.is_empty());
+    }
+
+    #[test]
+    fn with_gateway_services_each_gateway_gets_fleet_ports_and_a_service_of_its_own() {
+        let settings = with_services();
+        let mut inputs = inputs(two_gateways_on_port_80(&["old", "young"]), json!([]));
+        let model = build(&settings, &inputs);
+        assert_eq!(listener_reason(&model, "old", "http", "Conflicted"), (false, "NoConflicts"));
+        assert_eq!(listener_reason(&model, "young", "http", "Conflicted"), (false, "NoConflicts"));
+        let ports: Vec<u16> = model.frontends.iter().map(|f| f.port).collect();
+        assert_eq!(ports.len(), 2);
+        assert!(ports.iter().all(|p| (20000..=20009).contains(p)) && ports[0] != ports[1], "{ports:?}");
+        let services = &model.gateway_services;
+        assert_eq!(services.len(), 2);
+        assert_eq!(services[0].name, crate::gateway::gateway_service_name("ns", "old"));
+        assert_eq!(services[0].ports.len(), 1);
+        assert_eq!(services[0].ports[0].0, 80);
+        assert!(ports.contains(&services[0].ports[0].1));
+        // No address yet: served, not programmed.
+        assert_eq!(gateway_condition(&model, "old", "Programmed"), (false, "AddressNotAssigned"));
+        inputs.service_addresses.insert(services[0].name.clone(), vec!["127.0.7.1".into()]);
+        let model = build(&settings, &inputs);
+        assert_eq!(gateway_condition(&model, "old", "Programmed"), (true, "Programmed"));
+        let status = model.status.iter().find(|s| s.name == "old").expect("status");
+        let Body::Gateway { addresses, .. } = &status.body else { panic!() };
+        assert_eq!(addresses, &vec!["127.0.7.1".to_owned()]);
+    }
+
+    #[test]
+    fn a_gateways_fleet_port_stays_as_other_gateways_come_and_go() {
+        let settings = with_services();
+        let alone = build(&settings, &inputs(two_gateways_on_port_80(&["a"]), json!([])));
+        let port_alone = alone.gateway_services[0].ports[0].1;
+        for others in [vec!["a", "b"], vec!["a", "b", "c", "d"]] {
+            let model = build(&settings, &inputs(two_gateways_on_port_80(&others), json!([])));
+            assert_eq!(model.gateway_services[0].ports[0].1, port_alone, "with {others:?}");
+        }
+        // A full range refuses the listener that finds no port, and only it.
+        let many: Vec<String> = (0..11).map(|i| format!("g{i:02}")).collect();
+        let names: Vec<&str> = many.iter().map(String::as_str).collect();
+        let model = build(&settings, &inputs(two_gateways_on_port_80(&names), json!([])));
+        assert_eq!(model.gateway_services.len(), 10);
+        assert_eq!(listener_reason(&model, "g10", "http", "Accepted"), (false, "PortUnavailable"));
     }
 
     #[test]
@@ -1646,7 +1911,7 @@ mod precedence {
             routes in prop::collection::vec(route_spec(), 1..6),
             requests in prop::collection::vec((0..HOSTS.len(), 0..REQUEST_PATHS.len(), any::<bool>(), any::<bool>()), 1..12),
         ) {
-            let model = build(&GatewaySettings { controller_name: "t".into(), reserved_ports: vec![], shared_http_port: None, addresses: vec![] }, &inputs(&routes));
+            let model = build(&GatewaySettings { controller_name: "t".into(), reserved_ports: vec![], shared_http_port: None, addresses: vec![], gateway_services: None }, &inputs(&routes));
             let frontend = &model.frontends[0];
             for (host, path, header, post) in requests {
                 let (host, path) = (HOSTS[host], REQUEST_PATHS[path]);

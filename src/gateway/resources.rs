@@ -468,6 +468,46 @@ pub struct Service {
     pub metadata: Meta,
     /// Spec.
     pub spec: ServiceSpec,
+    /// Status.
+    pub status: ServiceStatus,
+}
+
+impl Service {
+    /// The addresses its load balancer was given (IPs or hostnames), in order.
+    pub fn load_balancer_addresses(&self) -> Vec<String> {
+        self.status
+            .load_balancer
+            .ingress
+            .iter()
+            .filter_map(|ingress| ingress.ip.clone().or_else(|| ingress.hostname.clone()))
+            .collect()
+    }
+}
+
+/// `Service.status`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ServiceStatus {
+    /// Its load balancer.
+    pub load_balancer: LoadBalancerStatus,
+}
+
+/// `Service.status.loadBalancer`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct LoadBalancerStatus {
+    /// The addresses it was given.
+    pub ingress: Vec<LoadBalancerIngress>,
+}
+
+/// One `Service.status.loadBalancer.ingress[]` entry.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct LoadBalancerIngress {
+    /// An IP.
+    pub ip: Option<String>,
+    /// A hostname.
+    pub hostname: Option<String>,
 }
 
 /// `Service.spec`.

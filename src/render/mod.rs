@@ -137,8 +137,9 @@ pub struct Render {
     /// The objects left out so the rest could render, each with the error it caused (only
     /// the `_leaving_out` renders leave any out).
     pub left_out: Vec<RenderError>,
-    /// The Gateway API status this render owes, when the configuration serves the Gateway API.
-    pub gateway_status: Option<crate::gateway::status::StatusSet>,
+    /// The Gateway API status this render owes, and the Gateways' Services, when the
+    /// configuration serves the Gateway API.
+    pub gateway_status: Option<crate::gateway::Owed>,
     /// The server slots as this render left them (a dry render moves none).
     pub slots: Arc<crate::plan::slots::Slots>,
     /// How many `render_each` blocks this render reused and how many it rendered.
@@ -377,7 +378,10 @@ impl Renderer {
         // owes describes exactly what this render serves.
         let gateway = self.gateway.as_ref().map(|settings| {
             let ips = pods.iter().map(|pod| pod.ip.clone()).filter(|ip| !ip.is_empty()).collect();
-            crate::gateway::build(settings, &crate::gateway::Inputs::from_stores(stores, ips))
+            crate::gateway::build(
+                settings,
+                &crate::gateway::Inputs::from_stores(stores, ips, settings.gateway_services.as_ref()),
+            )
         });
         let ctx = minijinja::context! {
             gateway => match &gateway {
@@ -453,7 +457,8 @@ impl Renderer {
         Ok(Render {
             files: FileSet { haproxy_cfg, maps, files, certs },
             left_out: Vec::new(),
-            gateway_status: gateway.map(|model| model.status),
+            gateway_status: gateway
+                .map(|model| crate::gateway::Owed { status: model.status, services: model.gateway_services }),
             slots,
             blocks,
         })

@@ -283,7 +283,7 @@ fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         // The model alone (reading the objects, attaching, ranking), without the templates.
         let settings = config.spec.gateway_api.clone().expect("the Gateway API is on");
         let started = std::time::Instant::now();
-        let inputs = haptic::gateway::Inputs::from_stores(&stores, Vec::new());
+        let inputs = haptic::gateway::Inputs::from_stores(&stores, Vec::new(), None);
         let read = started.elapsed();
         let model = haptic::gateway::build(&settings, &inputs);
         println!(
