@@ -10,7 +10,7 @@ PYTHON ?= python3
 ENVCTL = $(PYTHON) tests/env/envctl.py
 
 # `make soak`: the tests whose length scales with HAPTIC_SOAK (the issue-sized runs), on their own environment.
-.PHONY: demo test soak env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz image
+.PHONY: demo test soak conformance env-install env-up env-down env-status test-unit test-env-scripts test-integration build lint fuzz image
 
 ## Bring up the local environment and show a request routed through HAProxy to a backend.
 demo: build
@@ -72,6 +72,19 @@ soak: build env-install
 	fi; \
 	$(ENVCTL) down --quiet --state-dir $(TEST_ENV_DIR); \
 	exit $$status
+
+## The official Gateway API conformance suite, unmodified, against haptic (tests/conformance/):
+## the profiles and features named here, the suite's report in CONFORMANCE_REPORT. Its own
+## environment in cluster mode (Pods run by tests/env/kubelet.py), in network namespace
+## hptconf-7. `make test` runs the GATEWAY-HTTP core tests the same way.
+CONFORMANCE_PROFILES ?= GATEWAY-HTTP
+CONFORMANCE_FEATURES ?= Gateway,HTTPRoute,ReferenceGrant
+CONFORMANCE_REPORT ?= docs/conformance/haptic-gateway-http.yaml
+conformance: build env-install
+	mkdir -p $(dir $(CONFORMANCE_REPORT))
+	HAPTIC_CONFORMANCE=full HAPTIC_CONFORMANCE_PROFILES=$(CONFORMANCE_PROFILES) \
+		HAPTIC_CONFORMANCE_FEATURES=$(CONFORMANCE_FEATURES) HAPTIC_CONFORMANCE_REPORT=$(abspath $(CONFORMANCE_REPORT)) \
+		tests/conformance/run
 
 env-install:
 	$(ENVCTL) install

@@ -233,6 +233,7 @@ class PodRun:
     last_status: str = ""
     deleted: bool = False
     mounts: dict[str, Path] = field(default_factory=dict)
+    restart_policy: str = "Always"
 
 
 class Kubelet:
@@ -338,7 +339,8 @@ class Kubelet:
         containers = {c["name"]: ContainerRun(spec=c, log_path=directory / f"{c['name']}.log")
                       for c in pod["spec"].get("containers", [])}
         run = PodRun(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], index=index,
-                     directory=directory, containers=containers, start_time=now_rfc3339())
+                     directory=directory, containers=containers, start_time=now_rfc3339(),
+                     restart_policy=pod["spec"].get("restartPolicy", "Always"))
         with self.lock:
             self.pods[run.uid] = run
         return run
@@ -456,10 +458,12 @@ class Kubelet:
             source = source / mount.get("subPath", "")
             Path(mount["mountPath"]).mkdir(parents=True, exist_ok=True)
             mounts += [str(source), mount["mountPath"]]
-        script = 'while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; shift; exec "$@"'
+        # The binary is opened before the mounts, which may hide its directory (CoreDNS mounts /root).
+        script = ('exec 3< "$1"; shift; while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; '
+                  'exec /proc/self/fd/3')
         command = ["nsenter", f"--net=/run/netns/{pod_netns(self.net, run.index)}",
                    "unshare", "--mount", "--propagation", "private", "--",
-                   "sh", "-ec", script, "sh", *mounts, "--", str(binary)]
+                   "sh", "-ec", script, "sh", str(binary), *mounts, "--"]
         container.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, start_new_session=True)
         container.started_at = now_rfc3339()
@@ -579,13 +583,7 @@ class Kubelet:
                 entry["lastState"] = {"terminated": container.last_terminated}
             statuses.append(entry)
         ready = bool(statuses) and all(s["ready"] for s in statuses)
-        running = any(c.process is not None for c in run.containers.values())
-        done = all(c.process is None and c.terminated is not None for c in run.containers.values())
-        if running or not done:
-            phase = "Running" if running else "Pending"
-        else:
-            failed = any(c.terminated.get("exitCode") for c in run.containers.values() if c.terminated)
-            phase = "Failed" if failed else "Succeeded"
+        phase = pod_phase(run)
 
         def condition(kind: str, value: bool) -> dict:
             return {"type": kind, "status": "True" if value else "False"}
@@ -646,6 +644,20 @@ class Kubelet:
         with self.lock:
             matches = [run for run in self.pods.values() if run.namespace == namespace and run.name == name]
         return matches[-1] if matches else None
+
+
+def pod_phase(run: PodRun) -> str:
+    """Kubelet's phase: a Pod whose containers restart stays Running while they crash; it
+    ends (Succeeded, Failed) only when no container will start again."""
+    containers = list(run.containers.values())
+    if any(c.process is not None for c in containers):
+        return "Running"
+    if not run.ip or any(c.terminated is None for c in containers):
+        return "Pending"
+    codes = [c.terminated.get("exitCode", 0) for c in containers if c.terminated]
+    if run.restart_policy == "Always" or (run.restart_policy == "OnFailure" and any(codes)):
+        return "Running"
+    return "Failed" if any(codes) else "Succeeded"
 
 
 def field_value(pod: dict, path: str, run: PodRun, net: int) -> str:

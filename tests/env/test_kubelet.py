@@ -45,3 +45,15 @@ def test_field_references_resolve_as_kubelet_resolves_them():
     with pytest.raises(LookupError):
         kubelet.field_value(pod, "status.unknown", run, 9)
     assert kubelet.expand("$(A)-x", {"A": "1"}) == "1-x"
+
+
+def test_a_crashing_container_that_restarts_keeps_its_pod_running():
+    def run_with(policy, code):
+        container = kubelet.ContainerRun(spec={"name": "c"}, log_path=Path("/nonexistent"),
+                                         terminated={"exitCode": code})
+        return kubelet.PodRun(uid="u", namespace="ns", name="p", index=10, directory=Path("/nonexistent"),
+                              containers={"c": container}, ip="198.19.9.10", restart_policy=policy)
+    assert kubelet.pod_phase(run_with("Always", 127)) == "Running"
+    assert kubelet.pod_phase(run_with("OnFailure", 1)) == "Running"
+    assert kubelet.pod_phase(run_with("OnFailure", 0)) == "Succeeded"
+    assert kubelet.pod_phase(run_with("Never", 2)) == "Failed"
