@@ -45,6 +45,47 @@ pub mod aliases {
     pub const SECRETS: &str = "secrets";
 }
 
+/// The Gateway API conformance features haptic serves (v1.6.3 names), each passed by the
+/// official suite (`make conformance`, docs/conformance/), published on every GatewayClass it
+/// serves (`status.supportedFeatures`), from which the suite reads what to run.
+const SUPPORTED_FEATURES: &[&str] = &[
+    "GRPCRoute",
+    "Gateway",
+    "GatewayHTTPListenerIsolation",
+    "GatewayPort8080",
+    "HTTPRoute",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteDestinationPortMatching",
+    "HTTPRouteHostRewrite",
+    "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
+    "HTTPRoutePathRedirect",
+    "HTTPRoutePathRewrite",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestMirror",
+    "HTTPRouteRequestMultipleMirrors",
+    "HTTPRouteRequestPercentageMirror",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRouteSchemeRedirect",
+    "ReferenceGrant",
+    "TLSRoute",
+];
+
+/// [`SUPPORTED_FEATURES`], sorted as the spec asks.
+pub fn supported_features() -> Vec<&'static str> {
+    let mut features = SUPPORTED_FEATURES.to_vec();
+    features.sort_unstable();
+    features
+}
+
 /// What a frontend of the model speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub enum Protocol {
@@ -277,6 +318,8 @@ pub struct RuleBackend {
     pub weighted: bool,
     /// Requests answered with this status instead (500: no valid backend).
     pub fixed_status: Option<u16>,
+    /// Rejects every connection (a TLS or TCP rule without a valid backend).
+    pub reject: bool,
     /// Request headers set, added, removed.
     pub request_headers: HeaderChanges,
     /// Response headers set, added, removed.
@@ -289,10 +332,17 @@ pub struct RuleBackend {
     pub rewrite_path: Option<PathRewrite>,
     /// `timeout server`, as a Gateway API duration.
     pub timeout: Option<String>,
-    /// Where copies of the requests go (the Service's shared backend).
-    pub mirror: Option<ServiceTarget>,
+    /// Where copies of the requests go: one copy per mirror filter.
+    pub mirrors: Vec<Mirror>,
+}
+
+/// One RequestMirror filter: where its copies go and how many.
+#[derive(Clone, Debug, Serialize)]
+pub struct Mirror {
+    /// The mirror Service's shared backend.
+    pub target: ServiceTarget,
     /// The share of requests copied, in parts per 10,000 (10,000: all).
-    pub mirror_share: u32,
+    pub share: u32,
 }
 
 /// A Service and its weight in a rule backend.

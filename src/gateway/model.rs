@@ -20,6 +20,9 @@ const TCP_ROUTE: &str = "TCPRoute";
 
 /// The backend a rule goes to when it has no valid one: it answers 500, as the spec asks.
 pub const INVALID_BACKEND: &str = "gw_invalid";
+/// The backend a TLS or TCP rule goes to when it has no valid one: it closes the connection,
+/// which is how a stream refuses (an HTTP 500 would reach a TLS client as garbage).
+pub const INVALID_STREAM_BACKEND: &str = "gw_invalid_stream";
 
 /// One listener being judged.
 struct ListenerState<'a> {
@@ -660,8 +663,10 @@ fn rule_target(
         return Ok(RuleTarget { backend: name, own: Some(own), shared: None });
     }
     if valid.is_empty() {
-        // No backend to send to: the spec's 500 (also for a rule with only invalid references).
-        return Ok(RuleTarget { backend: INVALID_BACKEND.into(), own: None, shared: None });
+        // No backend to send to: the spec's 500 (also for a rule with only invalid references),
+        // or, for a stream, the connection closed.
+        let invalid = if tcp { INVALID_STREAM_BACKEND } else { INVALID_BACKEND };
+        return Ok(RuleTarget { backend: invalid.into(), own: None, shared: None });
     }
     if valid.len() > 1 {
         needs_own = true;
@@ -733,15 +738,7 @@ fn apply_filter(
             // Copies go out from the pod itself, without waiting (the library's gw-mirror.lua),
             // to the mirror Service's shared backend.
             let mirror = filter.request_mirror.as_ref().ok_or("a mirror has no settings")?;
-            match resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref) {
-                Resolved::Service { namespace, name, port, .. } => {
-                    own.mirror = Some(service_target(&namespace, &name, port));
-                }
-                Resolved::Invalid(reason, message) => {
-                    unresolved.get_or_insert((reason, message));
-                }
-            }
-            own.mirror_share = match (&mirror.percent, &mirror.fraction) {
+            let share = match (&mirror.percent, &mirror.fraction) {
                 (Some(percent), _) => ((*percent).clamp(0, 100) * 100) as u32,
                 (None, Some(fraction)) => {
                     let denominator = fraction.denominator.unwrap_or(100).max(1);
@@ -749,6 +746,14 @@ fn apply_filter(
                 }
                 (None, None) => 10_000,
             };
+            match resolve(inputs, ctx.kind, &meta.namespace, &mirror.backend_ref) {
+                Resolved::Service { namespace, name, port, .. } => {
+                    own.mirrors.push(super::Mirror { target: service_target(&namespace, &name, port), share });
+                }
+                Resolved::Invalid(reason, message) => {
+                    unresolved.get_or_insert((reason, message));
+                }
+            }
         }
         other => return Err(format!("filter {other} is not supported")),
     }
@@ -905,7 +910,10 @@ fn served_classes<'a>(
             namespace: String::new(),
             name: class.metadata.name.clone(),
             generation: class.metadata.generation,
-            body: Body::Class(vec![Condition::yes("Accepted", "Accepted", "haptic serves this class")]),
+            body: Body::Class {
+                conditions: vec![Condition::yes("Accepted", "Accepted", "haptic serves this class")],
+                features: super::supported_features(),
+            },
         });
     }
     classes
@@ -1060,6 +1068,7 @@ struct RouteTables {
     shared: BTreeSet<ServiceTarget>,
     own: BTreeMap<String, RuleBackend>,
     uses_invalid: bool,
+    uses_invalid_stream: bool,
 }
 
 impl RouteTables {
@@ -1161,12 +1170,15 @@ impl RouteTables {
         if target.backend == INVALID_BACKEND {
             self.uses_invalid = true;
         }
+        if target.backend == INVALID_STREAM_BACKEND {
+            self.uses_invalid_stream = true;
+        }
         if let Some(target) = target.shared {
             self.shared.insert(target);
         }
         if let Some(backend) = target.own {
-            if let Some(mirror) = &backend.mirror {
-                self.shared.insert(mirror.clone());
+            for mirror in &backend.mirrors {
+                self.shared.insert(mirror.target.clone());
             }
             self.own.entry(backend.name.clone()).or_insert(backend);
         }
@@ -1192,6 +1204,15 @@ impl RouteTables {
                 ..RuleBackend::default()
             };
             self.own.insert(INVALID_BACKEND.into(), invalid);
+        }
+        if self.uses_invalid_stream {
+            let invalid = RuleBackend {
+                name: INVALID_STREAM_BACKEND.into(),
+                mode: "tcp",
+                reject: true,
+                ..RuleBackend::default()
+            };
+            self.own.insert(INVALID_STREAM_BACKEND.into(), invalid);
         }
         model.frontends = frontends.into_values().collect();
         model.service_backends = self.shared.into_iter().collect();
@@ -1560,6 +1581,47 @@ mod tests {
         assert_eq!(listener_reason(&model, "gw", "tls", "Programmed"), (false, "Invalid"));
         assert_eq!(listener_reason(&model, "gw", "tls", "ResolvedRefs"), (false, "InvalidCertificateRef"));
         assert!(model.frontends.is_empty(), "nothing is served without a certificate");
+    }
+
+    #[test]
+    fn every_mirror_filter_of_a_rule_sends_its_own_copies() {
+        let mirror = |name: &str, extra: serde_json::Value| {
+            let mut filter =
+                json!({"type": "RequestMirror", "requestMirror": {"backendRef": {"name": name, "port": 80}}});
+            if let (Some(settings), Some(extra)) = (filter["requestMirror"].as_object_mut(), extra.as_object()) {
+                settings.extend(extra.clone());
+            }
+            filter
+        };
+        let rules = json!([{"filters": [mirror("a", json!({})), mirror("b", json!({"percent": 25}))],
+                            "backendRefs": [{"name": "a", "port": 80}]}]);
+        let model = build(
+            &settings(),
+            &inputs(
+                gateway(json!([{"name": "web", "port": 80, "protocol": "HTTP"}])),
+                json!([http_route("r", "2026-01-01T00:00:00Z", json!([]), rules)]),
+            ),
+        );
+        let backend = model.rule_backends.iter().find(|b| !b.mirrors.is_empty()).expect("a mirroring backend");
+        let copies: Vec<(&str, u32)> = backend.mirrors.iter().map(|m| (m.target.backend.as_str(), m.share)).collect();
+        assert_eq!(copies, vec![("ns_a_80", 10_000), ("ns_b_80", 2_500)]);
+        assert!(model.service_backends.iter().any(|s| s.backend == "ns_b_80"), "the mirror's backend exists");
+    }
+
+    #[test]
+    fn a_tls_route_without_a_valid_backend_closes_the_connection_rather_than_answering_http() {
+        let listeners = json!([{"name": "tls", "port": 443, "protocol": "TLS", "tls": {"mode": "Passthrough"}}]);
+        let mut inputs = inputs(gateway(listeners), json!([]));
+        let route = json!({"metadata": {"namespace": "ns", "name": "t", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                           "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["example.com"],
+                                    "rules": [{"backendRefs": [{"name": "nonexistent", "port": 443}]}]}});
+        inputs.tls_routes = vec![serde_json::from_value(route).unwrap()];
+        let model = build(&settings(), &inputs);
+        let invalid = model.rule_backends.iter().find(|b| b.name == INVALID_STREAM_BACKEND).expect("the stream's");
+        assert!(invalid.reject && invalid.mode == "tcp" && invalid.fixed_status.is_none());
+        assert!(model.rule_backends.iter().all(|b| b.name != INVALID_BACKEND), "no HTTP answer on a TLS listener");
+        let entry = &model.frontends[0].exact_entries[0];
+        assert!(entry.value.ends_with(INVALID_STREAM_BACKEND), "{entry:?}");
     }
 
     #[test]

@@ -57,7 +57,12 @@ pub struct ParentStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
     /// A GatewayClass.
-    Class(Vec<Condition>),
+    Class {
+        /// Its conditions.
+        conditions: Vec<Condition>,
+        /// The conformance features served (`status.supportedFeatures`), sorted.
+        features: Vec<&'static str>,
+    },
     /// A Gateway.
     Gateway {
         /// Its conditions.
@@ -117,12 +122,13 @@ impl ObjectStatus {
     pub fn merged_into(&self, current: &Json, controller_name: &str, now: &str) -> Json {
         let previous_conditions = current.get("conditions");
         match &self.body {
-            Body::Class(conditions) => {
+            Body::Class { conditions, features } => {
                 let mut status = current.clone();
                 if !status.is_object() {
                     status = json!({});
                 }
                 status["conditions"] = conditions_json(conditions, self.generation, previous_conditions, now);
+                status["supportedFeatures"] = features.iter().map(|name| json!({"name": name})).collect();
                 status
             }
             Body::Gateway { conditions, addresses, listeners } => {
@@ -208,6 +214,26 @@ mod tests {
                 conditions,
             }]),
         }
+    }
+
+    #[test]
+    fn a_class_publishes_its_supported_features_sorted_as_named_objects() {
+        let class = ObjectStatus {
+            kind: "GatewayClass",
+            namespace: String::new(),
+            name: "c".into(),
+            generation: 1,
+            body: Body::Class {
+                conditions: vec![Condition::yes("Accepted", "Accepted", "served")],
+                features: super::super::supported_features(),
+            },
+        };
+        let status = class.merged_into(&json!({}), "haptic.dev/x", "2026-12-07T00:00:00Z");
+        let names: Vec<&str> =
+            status["supportedFeatures"].as_array().into_iter().flatten().filter_map(|f| f["name"].as_str()).collect();
+        assert!(names.contains(&"HTTPRoute") && names.contains(&"Gateway") && names.contains(&"ReferenceGrant"));
+        assert!(names.windows(2).all(|pair| pair[0] < pair[1]), "sorted and unique: {names:?}");
+        assert!(names.len() <= 64, "the CRD allows 64");
     }
 
     #[test]
