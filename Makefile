@@ -74,16 +74,17 @@ soak: build env-install
 	exit $$status
 
 ## The official Gateway API conformance suite, unmodified, against haptic (tests/conformance/):
-## the profiles and features named here, the suite's report in CONFORMANCE_REPORT. Its own
+## the profiles named here with the features haptic publishes on its GatewayClass (or
+## CONFORMANCE_FEATURES, when given), the suite's report in CONFORMANCE_REPORT. Its own
 ## environment in cluster mode (Pods run by tests/env/kubelet.py), in network namespace
 ## hptconf-7. `make test` runs the GATEWAY-HTTP core tests the same way.
-CONFORMANCE_PROFILES ?= GATEWAY-HTTP
-CONFORMANCE_FEATURES ?= Gateway,HTTPRoute,ReferenceGrant
-CONFORMANCE_REPORT ?= docs/conformance/haptic-gateway-http.yaml
+CONFORMANCE_PROFILES ?= GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC
+CONFORMANCE_FEATURES ?=
+CONFORMANCE_REPORT ?= docs/conformance/haptic.yaml
 conformance: build env-install
 	mkdir -p $(dir $(CONFORMANCE_REPORT))
 	HAPTIC_CONFORMANCE=full HAPTIC_CONFORMANCE_PROFILES=$(CONFORMANCE_PROFILES) \
-		HAPTIC_CONFORMANCE_FEATURES=$(CONFORMANCE_FEATURES) HAPTIC_CONFORMANCE_REPORT=$(abspath $(CONFORMANCE_REPORT)) \
+		$(if $(CONFORMANCE_FEATURES),HAPTIC_CONFORMANCE_FEATURES=$(CONFORMANCE_FEATURES)) HAPTIC_CONFORMANCE_REPORT=$(abspath $(CONFORMANCE_REPORT)) \
 		tests/conformance/run
 
 env-install:

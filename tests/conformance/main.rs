@@ -71,12 +71,30 @@ async fn the_official_gateway_api_conformance_suite_passes() -> Result<()> {
         json!({"metadata": {"name": GATEWAY_CLASS}, "spec": {"controllerName": CONTROLLER_NAME}}),
     )
     .await?;
+    // The suite reads the class's supported features before it waits for anything.
+    class_accepted(&client).await?;
 
     let outcome = run_suite(env);
     if outcome.is_err() {
         eprintln!("haptic's log (last lines):\n{}", controller.log_tail());
     }
     outcome
+}
+
+/// Waits until haptic has accepted the class and published its features.
+async fn class_accepted(client: &kube::Client) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let status = env::gateway::status_of(client, "GatewayClass", None, GATEWAY_CLASS).await?;
+        let accepted = status["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Accepted" && c["status"] == "True"));
+        if accepted && status["supportedFeatures"].as_array().is_some_and(|f| !f.is_empty()) {
+            return Ok(());
+        }
+        ensure!(std::time::Instant::now() < deadline, "GatewayClass {GATEWAY_CLASS} was not accepted: {status}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// The chart's default certificate, which the library's HTTPS frontend names.
