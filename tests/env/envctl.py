@@ -503,25 +503,16 @@ def stop_processes(state_dir: Path, grace: float = 15.0) -> list[int]:
 # --------------------------------------------------------------------------- Kubernetes API
 
 
-class KubeAPI:
-    """Just enough of a Kubernetes client for registering pods, with the admin token."""
-
-    def __init__(self, server: str, token: str, ca_file: Path):
-        self.server = server
-        self.token = token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
+class KubeAPI(kubelet.Api):
+    """Just enough of a Kubernetes client for registering pods, with the admin token; a refusal
+    is an EnvError naming the request."""
 
     def call(self, method: str, path: str, body: dict | None = None,
              content_type: str = "application/json") -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.server + path, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(request, context=self.context, timeout=10) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as error:
-            raise EnvError(f"API server refused {method} {path}: {error.code} {error.read().decode(errors='replace')}")
+            return super().call(method, path, body, content_type)
+        except kubelet.ApiError as error:
+            raise EnvError(f"API server refused {method} {path}: {error}") from None
 
     def apply_yaml(self, path: str, manifest: str) -> dict:
         """Server-side apply of a YAML manifest as it stands (the API server reads YAML itself)."""
@@ -1127,13 +1118,7 @@ def bring_up(sup: Supervisor, components: Components, args: argparse.Namespace, 
 
 
 def kube_from_kubeconfig(kubeconfig: Path, ca_file: Path) -> KubeAPI:
-    server = token = ""
-    for line in kubeconfig.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("server:"):
-            server = stripped.split(":", 1)[1].strip()
-        elif stripped.startswith("token:"):
-            token = stripped.split(":", 1)[1].strip()
+    server, token = kubelet.read_kubeconfig(str(kubeconfig))
     if not server or not token:
         raise EnvError(f"kubeconfig {kubeconfig} lacks a server or a token")
     return KubeAPI(server, token, ca_file)

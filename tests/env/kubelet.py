@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prober import ProbeState, read_kubeconfig, run_probe  # noqa: E402
+from prober import ProbeState, probe_once, read_kubeconfig  # noqa: E402
 
 TICK = 0.2
 KUBELET_PORT = 10250
@@ -116,11 +116,15 @@ class ApiError(Exception):
 
 
 class Api:
-    """The API server, as the environment's admin."""
+    """The API server, as the environment's admin (envctl.py's `KubeAPI` is this too)."""
 
-    def __init__(self, kubeconfig: str, ca_file: str):
-        self.server, self.token = read_kubeconfig(kubeconfig)
-        self.context = ssl.create_default_context(cafile=ca_file)
+    def __init__(self, server: str, token: str, ca_file: str):
+        self.server, self.token = server, token
+        self.context = ssl.create_default_context(cafile=str(ca_file))
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str, ca_file: str) -> "Api":
+        return cls(*read_kubeconfig(kubeconfig), ca_file)
 
     def call(self, method: str, path: str, body: dict | None = None,
              content_type: str = "application/json") -> dict:
@@ -532,18 +536,8 @@ class Kubelet:
         if probe is None:
             state.ready = True
             return
-        if now < max(state.next_due, container.probe_from):
-            return
-        ok, state.detail = run_probe(probe, container.spec, run.ip)
-        if ok:
-            state.successes, state.failures = state.successes + 1, 0
-            if state.successes >= int(probe.get("successThreshold", 1)):
-                state.ready = True
-        else:
-            state.successes, state.failures = 0, state.failures + 1
-            if state.failures >= int(probe.get("failureThreshold", 3)):
-                state.ready = False
-        state.next_due = now + float(probe.get("periodSeconds", 10))
+        if now >= max(state.next_due, container.probe_from):
+            probe_once(state, probe, container.spec, run.ip, now)
 
     # ----------------------------------------------------------------- status
 
@@ -783,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--binaries", required=True)
     args = parser.parse_args(argv)
     state_dir = Path(args.state_dir)
-    kubelet = Kubelet(Api(args.kubeconfig, args.ca_file), args.net, state_dir, Path(args.binaries))
+    kubelet = Kubelet(Api.from_kubeconfig(args.kubeconfig, args.ca_file), args.net, state_dir, Path(args.binaries))
     make_bridge(args.net)
     certificate, key = serving_certificate(state_dir / "pki", node_address(args.net))
     serve_api(kubelet, certificate, key)

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--net", type=int, required=True)
     args = parser.parse_args(argv)
     try:
-        asyncio.run(run(Balancer(Api(args.kubeconfig, args.ca_file), args.net)))
+        asyncio.run(run(Balancer(Api.from_kubeconfig(args.kubeconfig, args.ca_file), args.net)))
     except KeyboardInterrupt:
         pass
     return 0

@@ -89,6 +89,21 @@ def run_probe(probe: dict, container: dict, ip: str) -> tuple[bool, str]:
     return True, "no probe action this stand-in knows: ready"
 
 
+def probe_once(state: ProbeState, probe: dict, container: dict, ip: str, now: float) -> None:
+    """Runs a due probe and moves its state as kubelet does: Ready after successThreshold
+    successes in a row, not Ready after failureThreshold failures; next due a period later."""
+    ok, state.detail = run_probe(probe, container, ip)
+    if ok:
+        state.successes, state.failures = state.successes + 1, 0
+        if state.successes >= int(probe.get("successThreshold", 1)):
+            state.ready = True
+    else:
+        state.successes, state.failures = 0, state.failures + 1
+        if state.failures >= int(probe.get("failureThreshold", 3)):
+            state.ready = False
+    state.next_due = now + float(probe.get("periodSeconds", 10))
+
+
 class Prober:
     def __init__(self, kubeconfig: str, ca_file: str, selector: str):
         self.server, self.token = read_kubeconfig(kubeconfig)
@@ -113,18 +128,8 @@ class Prober:
         if probe is None:
             state.ready = True
             return state
-        if now < state.next_due:
-            return state
-        ok, state.detail = run_probe(probe, container, ip)
-        if ok:
-            state.successes, state.failures = state.successes + 1, 0
-            if state.successes >= int(probe.get("successThreshold", 1)):
-                state.ready = True
-        else:
-            state.successes, state.failures = 0, state.failures + 1
-            if state.failures >= int(probe.get("failureThreshold", 3)) or not state.ready:
-                state.ready = False
-        state.next_due = now + float(probe.get("periodSeconds", 10))
+        if now >= state.next_due:
+            probe_once(state, probe, container, ip, now)
         return state
 
     def desired_status(self, pod: dict, now: float) -> dict | None:
