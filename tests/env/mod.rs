@@ -324,6 +324,14 @@ pub fn environment() -> &'static Manifest {
     })
 }
 
+/// Where `envctl.py` keeps what it builds and fetches (`HAPTIC_ENV_CACHE`, else
+/// `~/.cache/haptic-env`), as envctl.py's `CACHE_DIR`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("HAPTIC_ENV_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/haptic-env"))
+}
+
 /// The repository's root (where Cargo.toml is).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
