@@ -77,18 +77,18 @@ impl ServiceWriter {
     /// Applies the wanted Services when they changed since the last success, and deletes this
     /// controller's others in that namespace.
     pub(super) async fn flush(&mut self, client: &kube::Client, controller_name: &str) {
-        let Some((settings, services)) = self.wanted.clone() else { return };
-        if !self.failed && self.applied.as_ref() == Some(&(settings.clone(), services.clone())) {
+        let Some((settings, services)) = &self.wanted else { return };
+        if !self.failed && self.applied == self.wanted {
             return;
         }
-        match apply(client, controller_name, &settings, &services).await {
+        match apply(client, controller_name, settings, services).await {
             Ok(()) => {
                 self.failed = false;
-                self.applied = Some((settings, services));
+                self.applied = self.wanted.clone();
             }
             Err(error) => {
-                self.failed = true;
                 warn!(namespace = %settings.namespace, %error, "could not bring the Gateways' Services in line; retrying");
+                self.failed = true;
             }
         }
     }

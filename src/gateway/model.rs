@@ -1241,8 +1241,9 @@ fn gateway_statuses(
             }
             None => (shared.clone(), None),
         };
-        let conditions = if served > 0 && addresses.is_empty() && service.is_some() {
-            let why = format!("Service {} has no address yet", service.unwrap_or_default());
+        let unaddressed = service.filter(|_| served > 0 && addresses.is_empty());
+        let conditions = if let Some(service) = unaddressed {
+            let why = format!("Service {service} has no address yet");
             let accepted = if served == mine.len() { "Accepted" } else { "ListenersNotValid" };
             vec![
                 Condition::yes("Accepted", accepted, "listeners are served"),
