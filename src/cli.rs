@@ -43,6 +43,91 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the per-pod state machine as a Mermaid state diagram (from the transition table).
     StateDiagram,
+    /// Before moving Ingresses from another controller (ingress-nginx, haproxy-ingress,
+    /// haproxytech): what haptic will do with each of their annotations. Exits non-zero when
+    /// an Ingress would be refused.
+    MigrateCheck(MigrateCheckArgs),
+}
+
+/// Arguments of `haptic migrate-check`.
+#[derive(Debug, Args)]
+pub struct MigrateCheckArgs {
+    /// A directory of manifests (YAML or JSON); without it, every Ingress of the cluster the
+    /// kubeconfig names.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Only Ingresses of this class (`spec.ingressClassName` or the legacy annotation).
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Only Ingresses of these namespaces (repeat for several); all without it.
+    #[arg(long, short = 'n')]
+    pub namespace: Vec<String>,
+    /// Judge as a configuration that allows raw HAProxy snippets would.
+    #[arg(long)]
+    pub allow_snippets: bool,
+    /// `table` for people, `json` for CI.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: ReportFormat,
+}
+
+/// How `haptic migrate-check` prints its report.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// Columns for people.
+    Table,
+    /// One JSON document.
+    Json,
+}
+
+/// `haptic migrate-check`: prints the report; fails when an Ingress would be refused.
+pub async fn migrate_check(args: MigrateCheckArgs) -> Result<()> {
+    let objects: Vec<serde_json::Value> = match &args.dir {
+        Some(dir) => crate::offline::load_objects(dir)?.into_iter().map(|(_, object)| object).collect(),
+        None => {
+            use k8s_openapi::api::networking::v1::Ingress;
+            let client = kube::Client::try_default().await.context("connecting to the Kubernetes API server")?;
+            let apis: Vec<kube::Api<Ingress>> = match args.namespace.as_slice() {
+                [] => vec![kube::Api::all(client)],
+                namespaces => namespaces.iter().map(|ns| kube::Api::namespaced(client.clone(), ns)).collect(),
+            };
+            let mut items = Vec::new();
+            for api in apis {
+                items.extend(api.list(&kube::api::ListParams::default()).await.context("listing Ingresses")?.items);
+            }
+            items
+                .into_iter()
+                .map(|ingress| {
+                    let mut object = serde_json::to_value(ingress)?;
+                    object["kind"] = "Ingress".into();
+                    Ok(object)
+                })
+                .collect::<Result<_, serde_json::Error>>()?
+        }
+    };
+    let class_of = |object: &serde_json::Value| {
+        object
+            .pointer("/spec/ingressClassName")
+            .or_else(|| object.pointer("/metadata/annotations/kubernetes.io~1ingress.class"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
+    let namespace_of = |object: &serde_json::Value| {
+        object.pointer("/metadata/namespace").and_then(serde_json::Value::as_str).unwrap_or("default").to_owned()
+    };
+    let chosen = objects.iter().filter(|object| {
+        (args.class.is_none() || class_of(object) == args.class)
+            && (args.namespace.is_empty() || args.namespace.contains(&namespace_of(object)))
+    });
+    let report = crate::migrate::check(chosen, args.allow_snippets);
+    match args.format {
+        ReportFormat::Table => print!("{}", report.table()),
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    let refused = report.refused();
+    if refused > 0 {
+        bail!("{refused} of {} Ingresses would be refused (see the rows marked REFUSED)", report.ingresses.len());
+    }
+    Ok(())
 }
 
 /// Arguments of `haptic run`.

@@ -17,6 +17,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod journal;
 pub mod memory;
+pub mod migrate;
 pub mod offline;
 pub mod plan;
 pub mod pod;

@@ -49,6 +49,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(haptic::cli::validate(args))
         }
+        Command::MigrateCheck(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(haptic::cli::migrate_check(args))
+        }
         Command::Run(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(haptic::cli::run(*args))

@@ -54,12 +54,14 @@ pub enum Verdict {
     Allowed(Option<String>),
     /// Refuse it, saying why.
     Denied(String),
+    /// Let it through, with Warnings for whoever wrote it (annotations haptic does not implement).
+    Warned(Vec<String>),
 }
 
 /// The render a proposal leads to, still to be checked by HAProxy; or the verdict already.
 pub enum Judged {
-    /// A render to validate.
-    Render(FileSet),
+    /// A render to validate, and the Warnings the object earns if it is admitted.
+    Render(FileSet, Vec<String>),
     /// Decided without HAProxy.
     Decided(Verdict),
 }
@@ -109,7 +111,15 @@ pub fn judge_object(snapshot: &Snapshot, proposal: &Proposal) -> Judged {
             let own = render.left_out.iter().find(|error| is(error.offending_object(), kind, &key));
             match own {
                 Some(error) => Judged::Decided(Verdict::Denied(format!("haptic would leave it out: {error}"))),
-                None => Judged::Render(render.files),
+                None => {
+                    let warnings = render
+                        .notices
+                        .iter()
+                        .filter(|notice| is(Some(&notice.object), kind, &key))
+                        .map(|notice| notice.message.clone())
+                        .collect();
+                    Judged::Render(render.files, warnings)
+                }
             }
         }
         Err(error) => Judged::Decided(Verdict::Denied(format!("the configuration would not render with it: {error}"))),
@@ -145,7 +155,7 @@ pub fn judge_config(spec: &HAProxyTemplateConfigSpec, current: Option<&Snapshot>
     };
     renderer.seed_slots(current.renderer.slots());
     match renderer.render_dry_leaving_out(&current.stores, &current.pods, MAX_LEFT_OUT) {
-        Ok(render) => Judged::Render(render.files),
+        Ok(render) => Judged::Render(render.files, Vec::new()),
         Err(error) => Judged::Decided(Verdict::Denied(format!("it would not render the current objects: {error}"))),
     }
 }
@@ -245,19 +255,27 @@ fn refused_by_haproxy(verdict: &Verdict) -> bool {
 pub async fn judge(judged: Judged, spec: &HAProxyTemplateConfigSpec, validator: Option<&dyn Validator>) -> Verdict {
     match judged {
         Judged::Decided(verdict) => verdict,
-        Judged::Render(files) => match validator {
-            None => Verdict::Allowed(Some("rendered; not checked by HAProxy (no validator)".into())),
-            Some(validator) => match validator.validate(&files, spec).await {
-                Check::Accepted => Verdict::Allowed(None),
-                Check::Refused(alerts) => {
-                    let alerts = alerts.strip_prefix(HAPROXY_DENIES).unwrap_or(&alerts);
-                    Verdict::Denied(format!("{HAPROXY_DENIES}{alerts}"))
-                }
-                Check::Unavailable(why) => {
-                    tracing::warn!(%why, "a render was admitted unchecked by HAProxy: the validator cannot be asked");
-                    Verdict::Allowed(Some(format!("rendered; not checked by HAProxy: {why}")))
-                }
-            },
+        Judged::Render(files, warnings) => match checked(&files, spec, validator).await {
+            Verdict::Allowed(_) if !warnings.is_empty() => Verdict::Warned(warnings),
+            verdict => verdict,
+        },
+    }
+}
+
+/// HAProxy's judgement of a render.
+async fn checked(files: &FileSet, spec: &HAProxyTemplateConfigSpec, validator: Option<&dyn Validator>) -> Verdict {
+    match validator {
+        None => Verdict::Allowed(Some("rendered; not checked by HAProxy (no validator)".into())),
+        Some(validator) => match validator.validate(files, spec).await {
+            Check::Accepted => Verdict::Allowed(None),
+            Check::Refused(alerts) => {
+                let alerts = alerts.strip_prefix(HAPROXY_DENIES).unwrap_or(&alerts);
+                Verdict::Denied(format!("{HAPROXY_DENIES}{alerts}"))
+            }
+            Check::Unavailable(why) => {
+                tracing::warn!(%why, "a render was admitted unchecked by HAProxy: the validator cannot be asked");
+                Verdict::Allowed(Some(format!("rendered; not checked by HAProxy: {why}")))
+            }
         },
     }
 }

@@ -143,6 +143,13 @@ async fn review(State(state): State<WebhookState>, body: axum::body::Bytes) -> R
             tracing::debug!(%object, ?note, seconds = elapsed.as_secs_f64(), "admitted");
             response
         }
+        Verdict::Warned(warnings) => {
+            tracing::debug!(%object, ?warnings, seconds = elapsed.as_secs_f64(), "admitted, with Warnings");
+            let mut response = response;
+            // The API server shows each to whoever wrote the object (kubectl prints them).
+            response.warnings = Some(warnings.into_iter().map(|w| w.chars().take(1024).collect()).collect());
+            response
+        }
         Verdict::Denied(why) => {
             info!(%object, %why, seconds = elapsed.as_secs_f64(), "refused at admission");
             response.deny(why)

@@ -181,7 +181,7 @@ pub(super) async fn render(
     let triggers: Vec<String> = triggers.iter().map(ToString::to_string).collect();
     match result {
         Ok(Ok(render)) => {
-            let crate::render::Render { files, mut left_out, gateway_status, slots, blocks } = render;
+            let crate::render::Render { files, mut left_out, gateway_status, slots, blocks, notices } = render;
             metrics.render_blocks.get_or_create(&outcome("reused")).inc_by(blocks.reused);
             metrics.render_blocks.get_or_create(&outcome("rendered")).inc_by(blocks.rendered);
             left_out.extend(held_out);
@@ -189,7 +189,11 @@ pub(super) async fn render(
                 warn!(%error, "left an object out of the render");
             }
             sink.record(active.generation, &files, &triggers, left_out.len(), elapsed, blocks);
-            let refused = left_out.iter().filter_map(|error| status::Refusal::of(&stores_before, error)).collect();
+            let refused = left_out
+                .iter()
+                .filter_map(|error| status::Refusal::of(&stores_before, error))
+                .chain(notices.iter().filter_map(|notice| status::Refusal::notice(&stores_before, notice)))
+                .collect();
             let offenders: Vec<_> = left_out.iter().filter_map(|e| e.offending_object().cloned()).collect();
             let ingresses = match &active.spec.ingress_status {
                 Some(settings) => ingress_status::changes(&stores_before, settings, &pod_ips, &offenders),

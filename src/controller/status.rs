@@ -220,6 +220,9 @@ pub struct Refusal {
     pub object: ObjectReference,
     /// The renderer's error: template, line, value.
     pub message: String,
+    /// Whether the object is left out (`Refused`), or served without what the message names
+    /// (`UnsupportedAnnotations`).
+    pub left_out: bool,
 }
 
 impl Refusal {
@@ -227,6 +230,20 @@ impl Refusal {
     /// the stores hold it (its apiVersion and UID, so the Event lands on that very object).
     pub fn of(stores: &crate::store::Stores, error: &crate::render::RenderError) -> Option<Self> {
         let offender = error.offending_object()?;
+        Self::about(stores, offender, error.to_string(), true)
+    }
+
+    /// The Warning a render's notice stands for: the object is served, without what it names.
+    pub fn notice(stores: &crate::store::Stores, notice: &crate::render::Notice) -> Option<Self> {
+        Self::about(stores, &notice.object, notice.message.clone(), false)
+    }
+
+    fn about(
+        stores: &crate::store::Stores,
+        offender: &crate::store::ObjectRef,
+        message: String,
+        left_out: bool,
+    ) -> Option<Self> {
         let stored = crate::store::find(stores, offender)?;
         let field = |path: &[&str]| {
             let mut value = stored.value.clone();
@@ -244,13 +261,14 @@ impl Refusal {
                 uid: field(&["metadata", "uid"]),
                 ..ObjectReference::default()
             },
-            message: error.to_string(),
+            message,
+            left_out,
         })
     }
 
     fn key(&self) -> String {
         let object = &self.object;
-        format!("{:?}/{:?}/{:?}/{:?}", object.kind, object.namespace, object.name, object.uid)
+        format!("{:?}/{:?}/{:?}/{:?}/{}", object.kind, object.namespace, object.name, object.uid, self.left_out)
     }
 }
 
@@ -297,15 +315,16 @@ impl StatusWriter {
         for refusal in refusals {
             let key = refusal.key();
             if self.announced.get(&key) != Some(&refusal.message) {
+                let (reason, note) = if refusal.left_out {
+                    ("Refused", format!("left out of the HAProxy configuration: {}", refusal.message))
+                } else {
+                    warn!(object = ?refusal.object.name, namespace = ?refusal.object.namespace, message = %refusal.message, "an object is served without part of what it asks");
+                    ("UnsupportedAnnotations", refusal.message.clone())
+                };
                 let event = KubeEvent {
                     type_: EventType::Warning,
-                    reason: "Refused".into(),
-                    note: Some(
-                        format!("left out of the HAProxy configuration: {}", refusal.message)
-                            .chars()
-                            .take(1024)
-                            .collect(),
-                    ),
+                    reason: reason.into(),
+                    note: Some(note.chars().take(1024).collect()),
                     action: "Render".into(),
                     secondary: self.reference.clone(),
                 };

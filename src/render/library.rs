@@ -197,6 +197,8 @@ pub(crate) struct Route {
     backend: Value,
     /// Whether its Ingress asks for SSL passthrough (TLS to the Service by SNI, not terminated).
     passthrough: bool,
+    /// For a www twin (`from-to-www-redirect`), the host it redirects to; none otherwise.
+    www_of: Value,
     /// Its Ingress's fingerprint with the rule and path indexes: everything above follows from
     /// them (none when the Ingress has no fingerprint).
     fingerprint: Option<super::memo::Fingerprint>,
@@ -277,6 +279,7 @@ impl Object for Route {
             "id" => self.id.clone(),
             "backend" => self.backend.clone(),
             "passthrough" => Value::from(self.passthrough),
+            "www_of" => self.www_of.clone(),
             _ => return None,
         })
     }
@@ -300,6 +303,7 @@ impl Object for Route {
             "id",
             "backend",
             "passthrough",
+            "www_of",
         ])
     }
 }
@@ -409,37 +413,45 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
     let metadata = attr(ingress, "metadata");
     let namespace = text(metadata.as_ref().and_then(|m| attr(m, "namespace")));
     let name = text(metadata.as_ref().and_then(|m| attr(m, "name")));
-    let (namespace_value, name_value) = (Value::from(namespace.as_str()), Value::from(name.as_str()));
     let annotations = metadata.as_ref().and_then(|m| attr(m, "annotations"));
+    // An Ingress asking for what haptic does not do, where serving it without would leave it
+    // open (external auth, client certificates, a WAF...), is refused whatever else it asks.
+    if let Some(annotations) = &annotations {
+        super::annotations::refuse_unsupported(annotations)
+            .map_err(super::annotations::AnnotationError::into_render_error)?;
+    }
+    let extras = HostExtras::of(annotations.as_ref())?;
     let passthrough = annotations.as_ref().is_some_and(|annotations| {
         super::annotations::PASSTHROUGH_NAMES.iter().any(|name| {
             annotations.get_attr(name).ok().and_then(|v| v.as_str().map(|v| v.trim().eq_ignore_ascii_case("true")))
                 == Some(true)
         })
     });
-    let own_backends = metadata
-        .as_ref()
-        .and_then(|m| attr(m, "annotations"))
-        .and_then(|annotations| annotations.try_iter().ok())
-        .is_some_and(|mut keys| {
+    let own_backends =
+        annotations.as_ref().and_then(|annotations| annotations.try_iter().ok()).is_some_and(|mut keys| {
             keys.any(|key| {
                 key.as_str().is_some_and(|k| k.starts_with("haptic.dev/") || super::annotations::is_setting(k))
             })
         });
-    let ingress_fingerprint = super::memo::fingerprint(ingress);
-    let created = created_at(metadata.as_ref());
+    let made = RouteMaker {
+        namespace_value: Value::from(namespace.as_str()),
+        name_value: Value::from(name.as_str()),
+        ingress,
+        ingress_fingerprint: super::memo::fingerprint(ingress),
+        created: created_at(metadata.as_ref()),
+        passthrough,
+    };
     let mut routes = Vec::new();
     let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
     for (rule_index, rule) in rules.iter().flat_map(|r| r.try_iter().ok()).flatten().enumerate() {
         let host = match attr(&rule, "host") {
-            Some(host) => Value::from(super::filters::hostname(&host.to_string())?),
-            None => Value::from(""),
+            Some(host) => super::filters::hostname(&host.to_string())?,
+            None => String::new(),
         };
         let paths = attr(&rule, "http").and_then(|http| attr(&http, "paths"));
         for (path_index, path) in paths.iter().flat_map(|p| p.try_iter().ok()).flatten().enumerate() {
             let prefix = attr(&path, "path").map(|p| p.to_string()).unwrap_or_else(|| "/".to_owned());
             let prefix = super::filters::url_path(&prefix)?;
-            let prefix_key = format!("{}/", prefix.trim_end_matches('/'));
             let service = attr(&path, "backend").and_then(|b| attr(&b, "service")).unwrap_or_default();
             let id = format!("{namespace}_{name}_{}_{}", rule_index + 1, path_index + 1);
             let backend = match service_backend(&service) {
@@ -447,39 +459,129 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 Some(shared) => format!("{namespace}_{shared}"),
                 None => id.clone(),
             };
-            routes.push(Value::from_object(Route {
-                namespace: namespace_value.clone(),
-                ingress: name_value.clone(),
-                ingress_object: ingress.clone(),
-                host: host.clone(),
-                path_length: prefix.len(),
-                created,
-                path: Value::from(prefix),
-                path_type: attr(&path, "pathType").unwrap_or_else(|| Value::from("Prefix")),
-                prefix_key: Value::from(prefix_key),
-                host_kind: match host.as_str() {
-                    Some("") | None => "none",
-                    Some(h) if h.starts_with("*.") => "wildcard",
-                    Some(_) => "exact",
-                },
-                rule: rule_index + 1,
-                index: path_index + 1,
-                service,
-                id: Value::from(id),
-                backend: Value::from(backend),
-                passthrough,
-                fingerprint: ingress_fingerprint.map(|ingress| {
-                    super::memo::combine(|digest| {
-                        use std::hash::Hash;
-                        ingress.hash(digest);
-                        (rule_index, path_index).hash(digest);
-                    })
-                }),
-                backend_claim: std::sync::OnceLock::new(),
-            }));
+            let place = RoutePlace { rule: rule_index + 1, index: path_index + 1, path: &path, prefix: &prefix };
+            for (variant, (variant_host, www_of)) in extras.hosts(&host).into_iter().enumerate() {
+                routes.push(made.route(&place, variant, variant_host, www_of, service.clone(), &id, &backend));
+            }
         }
     }
     Ok(Value::from(routes))
+}
+
+/// The hosts an Ingress's annotations add to each of its rules' hosts: aliases
+/// (`server-alias`) and the www twin (`from-to-www-redirect`), each routed as the rule is.
+#[derive(Default)]
+struct HostExtras {
+    aliases: Vec<String>,
+    www: bool,
+}
+
+impl HostExtras {
+    fn of(annotations: Option<&Value>) -> Result<Self, Error> {
+        let Some(annotations) = annotations else { return Ok(Self::default()) };
+        let first = |key: &str| {
+            super::annotations::names_of(key)
+                .iter()
+                .find_map(|name| annotations.get_attr(name).ok().filter(|v| !v.is_undefined() && !v.is_none()))
+                .map(|value| value.to_string())
+        };
+        let aliases = match first("server-alias") {
+            Some(list) => list
+                .split([',', ' ', '\n'])
+                .filter(|host| !host.trim().is_empty())
+                .map(|host| super::filters::hostname(&host.trim().to_ascii_lowercase()))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        let www = first("from-to-www-redirect").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        Ok(Self { aliases, www })
+    }
+
+    /// `host` first, then its aliases and its www twin (with the host the twin redirects to);
+    /// a rule without a host gets none.
+    fn hosts(&self, host: &str) -> Vec<(String, Option<String>)> {
+        let mut hosts = vec![(host.to_owned(), None)];
+        if host.is_empty() {
+            return hosts;
+        }
+        hosts.extend(self.aliases.iter().filter(|alias| alias.as_str() != host).map(|alias| (alias.clone(), None)));
+        if self.www && !host.starts_with("*.") {
+            let twin = match host.strip_prefix("www.") {
+                Some(bare) => bare.to_owned(),
+                None => format!("www.{host}"),
+            };
+            hosts.push((twin, Some(host.to_owned())));
+        }
+        hosts
+    }
+}
+
+/// Where a route comes from in its Ingress: rule and path (both from 1), the path and its text.
+struct RoutePlace<'a> {
+    rule: usize,
+    index: usize,
+    path: &'a Value,
+    prefix: &'a str,
+}
+
+/// What every route of one Ingress shares.
+struct RouteMaker<'a> {
+    namespace_value: Value,
+    name_value: Value,
+    ingress: &'a Value,
+    ingress_fingerprint: Option<super::memo::Fingerprint>,
+    created: u32,
+    passthrough: bool,
+}
+
+impl RouteMaker<'_> {
+    /// The route of `place` for one of its hosts (`variant` 0 is the rule's own; an alias or a
+    /// www twin yields to any Ingress that names the host itself).
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        place: &RoutePlace<'_>,
+        variant: usize,
+        host: String,
+        www_of: Option<String>,
+        service: Value,
+        id: &str,
+        backend: &str,
+    ) -> Value {
+        let host_kind = match host.as_str() {
+            "" => "none",
+            h if h.starts_with("*.") => "wildcard",
+            _ => "exact",
+        };
+        let id = if variant == 0 { id.to_owned() } else { format!("{id}_{variant}") };
+        Value::from_object(Route {
+            namespace: self.namespace_value.clone(),
+            ingress: self.name_value.clone(),
+            ingress_object: self.ingress.clone(),
+            host: Value::from(host),
+            path_length: place.prefix.len(),
+            created: if variant == 0 { self.created } else { u32::MAX },
+            path: Value::from(place.prefix),
+            path_type: attr(place.path, "pathType").unwrap_or_else(|| Value::from("Prefix")),
+            prefix_key: Value::from(format!("{}/", place.prefix.trim_end_matches('/'))),
+            host_kind,
+            rule: place.rule,
+            index: place.index,
+            service,
+            id: Value::from(id),
+            backend: Value::from(backend),
+            passthrough: self.passthrough,
+            www_of: www_of.map(Value::from).unwrap_or_else(|| Value::from(())),
+            fingerprint: self.ingress_fingerprint.map(|ingress| {
+                super::memo::combine(|digest| {
+                    use std::hash::Hash;
+                    ingress.hash(digest);
+                    (place.rule, place.index, variant).hash(digest);
+                })
+            }),
+            backend_claim: std::sync::OnceLock::new(),
+        })
+    }
 }
 
 /// `<service>_<port>` of an Ingress backend's `service` (`port.number`, else `port.name`), when
@@ -894,12 +996,67 @@ pub(crate) fn service_endpoints(service: &Value, port: &Value, slices: &Value) -
     }
 }
 
+/// `service_address(service, port)`: the Service's cluster IP and port as the one endpoint
+/// (ingress-nginx's `service-upstream`): kube-proxy spreads the connections, so a Pod's
+/// coming and going never changes HAProxy's configuration. Empty for a Service without a
+/// cluster IP (headless, or an ExternalName) or without that port.
+pub(crate) fn service_address(service: &Value, wanted: &Value) -> Result<Value, Error> {
+    let none = || Ok(Value::from(Vec::<Value>::new()));
+    let Some(spec) = attr(service, "spec") else { return none() };
+    let Some(ip) =
+        attr(&spec, "clusterIP").filter(|ip| ip.as_str().is_some_and(|ip| ip.parse::<std::net::IpAddr>().is_ok()))
+    else {
+        return none();
+    };
+    let (number, name) = (attr(wanted, "number"), attr(wanted, "name"));
+    let port = attr(&spec, "ports").and_then(|ports| {
+        ports.try_iter().ok()?.find(|port| match (&number, &name) {
+            (Some(number), _) => attr(port, "port").as_ref() == Some(number),
+            (None, Some(name)) => attr(port, "name").as_ref() == Some(name),
+            (None, None) => false,
+        })
+    });
+    let Some(port) = port.and_then(|port| attr(&port, "port")) else { return none() };
+    let address = endpoint_address(service, ip, 0, 0)?;
+    Ok(Value::from(vec![Value::from_object(Endpoint {
+        address,
+        port,
+        ready: true,
+        serving: true,
+        terminating: false,
+    })]))
+}
+
+/// Notes a Warning on an Ingress served without annotations of known controllers haptic does
+/// not implement (or does not know), naming each and why.
+fn note_ignored_annotations(state: &minijinja::State, ingress: &Value) {
+    let Some(annotations) = attr(ingress, "metadata").and_then(|metadata| attr(&metadata, "annotations")) else {
+        return;
+    };
+    let ignored = super::annotations::ignored_annotations(&annotations);
+    // Touched last by the lookup above: the Ingress itself, when it is a stored object.
+    let (false, Some(object), Ok(shared)) =
+        (ignored.is_empty(), super::context::last_object(), super::shared_state(state, "ingress_routes"))
+    else {
+        return;
+    };
+    let named: Vec<String> = ignored.into_iter().map(|(name, why)| format!("{name} ({why})")).collect();
+    shared.add_notice(super::Notice {
+        object,
+        message: format!("served without annotations haptic does not implement: {}", named.join("; ")),
+    });
+}
+
 /// Adds the default library's functions to `env`; paths it prints are under `dirs`.
 pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::config::DataplaneSettings) {
     let vetted = |result: Result<String, minijinja::Error>| result.map(Value::from_safe_string);
     env.add_function("collector", || Value::from_object(super::context::Collector::default()));
     env.add_function("endpoints", |slices: Value, port_name: Option<Value>| endpoints(&slices, port_name.as_ref()));
-    env.add_function("ingress_routes", |ingress: Value| ingress_routes(&ingress));
+    env.add_function("ingress_routes", |state: &minijinja::State, ingress: Value| {
+        let routes = ingress_routes(&ingress)?;
+        note_ignored_annotations(state, &ingress);
+        Ok::<_, Error>(routes)
+    });
     env.add_function("ingress_tls", |ingress: Value| ingress_tls(&ingress));
     env.add_function("created_at", |object: Value| object_created(&object));
     env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
@@ -925,6 +1082,7 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
     env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
         service_endpoints(&service, &port, &slices)
     });
+    env.add_function("service_address", |service: Value, port: Value| service_address(&service, &port));
     env.add_function("refuse", |object: Value, field: &str, message: &str| -> Result<Value, minijinja::Error> {
         Err(super::context::refuse(&object, field, message))
     });

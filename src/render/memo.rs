@@ -275,6 +275,8 @@ pub(crate) enum Effect {
         /// claims, tens of thousands of them kept, are half the size of a file).
         file: Box<RenderedFile>,
     },
+    /// A Warning about an object, served as it is (`ingress_routes` on annotations it ignores).
+    Notice(Box<crate::render::Notice>),
     /// A certificate registered (`tls_certificate`).
     Cert {
         /// Its name.

@@ -8,6 +8,9 @@
 
 mod annotations;
 
+pub use annotations::nginx::PREFIX as NGINX_PREFIX;
+pub use annotations::{Judgement, Outcome, judge as judge_annotation};
+
 /// Every annotation name of one of the default library's settings (`ssl-redirect`, say), in
 /// precedence order: haptic's, haproxy-ingress's, haproxytech's (docs/annotations.md).
 pub fn annotation_names(setting: &str) -> Vec<String> {
@@ -129,6 +132,16 @@ impl RenderError {
     }
 }
 
+/// A Warning about an object the render serves as it is, but not entirely as it asks (an
+/// Ingress's annotations haptic does not implement).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// The object.
+    pub object: ObjectRef,
+    /// What is wrong, for people.
+    pub message: String,
+}
+
 /// One render: its files and what it hands on beside them, all from the same stores.
 #[derive(Debug)]
 pub struct Render {
@@ -144,6 +157,8 @@ pub struct Render {
     pub slots: Arc<crate::plan::slots::Slots>,
     /// How many `render_each` blocks this render reused and how many it rendered.
     pub blocks: BlockCounts,
+    /// Warnings about objects served as they are (annotations haptic ignores).
+    pub notices: Vec<Notice>,
 }
 
 /// Compiled templates of one configuration.
@@ -448,6 +463,7 @@ impl Renderer {
             files.entry(name).or_insert(file);
         }
         let blocks = state.map(context::Shared::block_counts).unwrap_or_default();
+        let notices = state.map(context::Shared::notices).unwrap_or_default();
         let mut slots = slots_before;
         if keep && let (Some(state), Ok(mut kept)) = (state, self.carried.lock()) {
             let listings = resources.downcast_object_ref::<context::Resources>().map(context::Resources::listings);
@@ -461,6 +477,7 @@ impl Renderer {
                 .map(|model| crate::gateway::Owed { status: model.status, services: model.gateway_services }),
             slots,
             blocks,
+            notices,
         })
     }
 

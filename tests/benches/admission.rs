@@ -95,7 +95,7 @@ fn main() {
                 let judged = judge_object(&snapshot, &proposal);
                 let verdict = match (validator, judged) {
                     (Some(validator), judged) => runtime.block_on(judge(judged, &snapshot.spec, Some(validator))),
-                    (None, Judged::Render(_)) => Verdict::Allowed(None),
+                    (None, Judged::Render(..)) => Verdict::Allowed(None),
                     (None, Judged::Decided(verdict)) => verdict,
                 };
                 samples.push(started.elapsed());

@@ -18,6 +18,7 @@ mod image;
 mod incremental;
 mod ingress_status;
 mod log_level;
+mod migrate;
 mod render;
 mod settings;
 mod slots;

@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     certs: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
     /// General files registered by functions (`ca_file(...)`), by file name.
     files: std::sync::Mutex<std::collections::BTreeMap<String, crate::files::RenderedFile>>,
+    /// Warnings about objects served as they are, in the order the render made them.
+    notices: std::sync::Mutex<Vec<crate::render::Notice>>,
     /// Server slots of every backend as the last kept render left them: shared, not copied
     /// (10,000 backends' names copied at every render was 3% of a render that reused all).
     slots_before: Arc<crate::plan::slots::Slots>,
@@ -224,6 +226,23 @@ impl Shared {
         if let Ok(mut files) = self.files.lock() {
             files.entry(name).or_insert(file);
         }
+    }
+
+    /// Notes a Warning about an object this render serves.
+    pub(crate) fn add_notice(&self, notice: crate::render::Notice) {
+        crate::render::memo::record_effect(|| crate::render::memo::Effect::Notice(Box::new(notice.clone())));
+        self.keep_notice(notice);
+    }
+
+    fn keep_notice(&self, notice: crate::render::Notice) {
+        if let Ok(mut notices) = self.notices.lock() {
+            notices.push(notice);
+        }
+    }
+
+    /// The Warnings noted so far.
+    pub(crate) fn notices(&self) -> Vec<crate::render::Notice> {
+        self.notices.lock().map(|notices| notices.clone()).unwrap_or_default()
     }
 
     /// The general files registered so far.
@@ -490,6 +509,7 @@ impl crate::render::memo::RenderState for RenderNow<'_> {
             Effect::Slots { .. } => {}
             Effect::File { name, file } => self.shared.keep_general_file(name.clone(), (**file).clone()),
             Effect::Cert { name, file } => self.shared.keep_cert_file(name.clone(), (**file).clone()),
+            Effect::Notice(notice) => self.shared.keep_notice((**notice).clone()),
         }
     }
 }

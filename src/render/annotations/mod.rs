@@ -18,50 +18,13 @@ use std::sync::LazyLock;
 use minijinja::value::Value;
 use minijinja::{Error, ErrorKind};
 
-use super::filters;
+pub mod foreign;
+pub mod nginx;
+mod values;
 
-/// What a setting's value must be.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Kind {
-    /// `true`/`false` (also `yes`/`no`, `on`/`off`, `1`/`0`).
-    Bool,
-    /// A HAProxy time (`30s`, `500ms`).
-    Duration,
-    /// A time in whole seconds (`86400`, or `1m`, `1h`), given as a number of seconds.
-    Seconds,
-    /// A whole number from 1 to the bound.
-    Count(u64),
-    /// One of these HTTP statuses.
-    Status(&'static [u16]),
-    /// One of these words (compared without case).
-    OneOf(&'static [&'static str]),
-    /// Comma-separated IP addresses and networks.
-    Cidrs,
-    /// A name of a Secret in the Ingress's namespace (`name`, or `namespace/name` naming it).
-    SecretName,
-    /// A cookie name (token characters).
-    Token,
-    /// A URL path.
-    Path,
-    /// An absolute http(s) URL.
-    Url,
-    /// A host name, optionally with `:port`.
-    HostPort,
-    /// Printable text (a realm, a CORS origin), quoted.
-    Text,
-    /// A comma-separated list of header names or methods (or `*`), quoted.
-    TokenList,
-    /// Header lines, `Name value` or `Name: value`, one per line.
-    Headers,
-    /// Header names, comma-separated or one per line.
-    HeaderNames,
-    /// A size in bytes with an optional `k`, `m` or `g` suffix (`unlimited` for none).
-    Size,
-    /// `replacement` or `regex replacement` (haproxytech's path-rewrite).
-    Rewrite,
-    /// Raw HAProxy lines for the Ingress's backend (only when the configuration allows them).
-    Snippet,
-}
+use super::filters;
+pub(crate) use values::Kind;
+use values::check;
 
 /// One setting: its name in templates, its kind, and its annotation names by controller.
 #[derive(Debug)]
@@ -95,6 +58,7 @@ const ERROR_CODES: &[u16] = &[400, 403, 404, 405, 408, 410, 429, 500, 502, 503, 
 pub(crate) static SETTINGS: &[Setting] = &[
     setting("ssl-passthrough", Kind::Bool, Some("ssl-passthrough"), &["ssl-passthrough"], &["ssl-passthrough"]),
     setting("ssl-redirect", Kind::Bool, Some("ssl-redirect"), &["ssl-redirect"], &["ssl-redirect"]),
+    setting("force-ssl-redirect", Kind::Bool, Some("force-ssl-redirect"), &[], &[]),
     setting(
         "ssl-redirect-code",
         Kind::Status(REDIRECT_CODES),
@@ -116,7 +80,9 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("server-ssl", Kind::Bool, Some("server-ssl"), &["secure-backends"], &["server-ssl"]),
     setting("server-proto", Kind::OneOf(&["h2"]), None, &[], &["server-proto"]),
     setting("server-ca", Kind::SecretName, Some("server-ca-secret"), &["secure-verify-ca-secret"], &["server-ca"]),
+    setting("server-verify", Kind::Bool, Some("server-verify"), &[], &[]),
     setting("server-verify-hostname", Kind::HostPort, Some("server-verify-hostname"), &["secure-verify-hostname"], &[]),
+    setting("server-sni", Kind::Bool, Some("server-sni"), &[], &[]),
     setting(
         "load-balance",
         Kind::OneOf(&["roundrobin", "leastconn", "source", "first", "random", "static-rr"]),
@@ -124,6 +90,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
         &["balance-algorithm"],
         &["load-balance"],
     ),
+    setting("hash-by", Kind::HashBy, Some("hash-by"), &[], &[]),
     setting("affinity", Kind::OneOf(&["cookie"]), Some("affinity"), &["affinity"], &[]),
     setting(
         "session-cookie-name",
@@ -132,6 +99,16 @@ pub(crate) static SETTINGS: &[Setting] = &[
         &["session-cookie-name"],
         &["cookie-persistence"],
     ),
+    setting("session-cookie-max-age", Kind::Seconds, Some("session-cookie-max-age"), &[], &[]),
+    setting(
+        "session-cookie-samesite",
+        Kind::OneOf(&["none", "lax", "strict"]),
+        Some("session-cookie-samesite"),
+        &["session-cookie-samesite"],
+        &[],
+    ),
+    setting("session-cookie-secure", Kind::Bool, Some("session-cookie-secure"), &[], &[]),
+    setting("session-cookie-domain", Kind::HostPort, Some("session-cookie-domain"), &["session-cookie-domain"], &[]),
     setting("timeout-connect", Kind::Duration, Some("timeout-connect"), &["timeout-connect"], &["timeout-connect"]),
     setting("timeout-server", Kind::Duration, Some("timeout-server"), &["timeout-server"], &["timeout-server"]),
     setting("timeout-tunnel", Kind::Duration, Some("timeout-tunnel"), &["timeout-tunnel"], &["timeout-tunnel"]),
@@ -149,6 +126,8 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("health-check-fall", Kind::Count(100), Some("health-check-fall-count"), &["health-check-fall-count"], &[]),
     setting("retries", Kind::Count(100), Some("retries"), &[], &[]),
     setting("rate-limit-rps", Kind::Count(1_000_000), Some("rate-limit-rps"), &["limit-rps"], &["rate-limit-requests"]),
+    setting("rate-limit-rpm", Kind::Count(60_000_000), Some("rate-limit-rpm"), &[], &[]),
+    setting("rate-limit-burst", Kind::Count(100), Some("rate-limit-burst-multiplier"), &[], &[]),
     setting("rate-limit-period", Kind::Duration, Some("rate-limit-period"), &[], &["rate-limit-period"]),
     setting(
         "rate-limit-status-code",
@@ -164,6 +143,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
         &["limit-connections"],
         &[],
     ),
+    setting("rate-limit-exempt", Kind::Cidrs, Some("rate-limit-exempt"), &["limit-whitelist"], &[]),
     setting(
         "allow-list",
         Kind::Cidrs,
@@ -174,9 +154,16 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("deny-list", Kind::Cidrs, Some("deny-list"), &["denylist-source-range"], &["deny-list", "blacklist"]),
     setting("auth-type", Kind::OneOf(&["basic", "basic-auth"]), Some("auth-type"), &["auth-type"], &["auth-type"]),
     setting("auth-secret", Kind::SecretName, Some("auth-secret"), &["auth-secret"], &["auth-secret"]),
+    setting("auth-secret-type", Kind::OneOf(&["auth-file", "auth-map"]), Some("auth-secret-type"), &[], &[]),
     setting("auth-realm", Kind::Text, Some("auth-realm"), &["auth-realm"], &["auth-realm"]),
     setting("cors-enable", Kind::Bool, Some("cors-enable"), &["cors-enable"], &["cors-enable"]),
-    setting("cors-allow-origin", Kind::Text, Some("cors-allow-origin"), &["cors-allow-origin"], &["cors-allow-origin"]),
+    setting(
+        "cors-allow-origin",
+        Kind::Origins,
+        Some("cors-allow-origin"),
+        &["cors-allow-origin"],
+        &["cors-allow-origin"],
+    ),
     setting(
         "cors-allow-methods",
         Kind::TokenList,
@@ -207,6 +194,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("response-add-header", Kind::Headers, Some("response-add-header"), &[], &[]),
     setting("response-del-header", Kind::HeaderNames, Some("response-del-header"), &[], &[]),
     setting("set-host", Kind::HostPort, Some("upstream-host"), &[], &["set-host"]),
+    setting("x-forwarded-prefix", Kind::Path, Some("x-forwarded-prefix"), &[], &[]),
     setting("rewrite-target", Kind::Path, Some("rewrite-target"), &["rewrite-target"], &[]),
     setting("path-rewrite", Kind::Rewrite, Some("path-rewrite"), &[], &["path-rewrite"]),
     setting("redirect-to", Kind::Url, Some("redirect-to"), &["redirect-to"], &[]),
@@ -214,6 +202,9 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("redirect-code", Kind::Status(REDIRECT_CODES), Some("redirect-code"), &[], &["request-redirect-code"]),
     setting("proxy-body-size", Kind::Size, Some("proxy-body-size"), &["proxy-body-size"], &[]),
     setting("app-root", Kind::Path, Some("app-root"), &["app-root"], &[]),
+    setting("from-to-www-redirect", Kind::Bool, Some("from-to-www-redirect"), &[], &[]),
+    setting("server-alias", Kind::Hosts, Some("server-alias"), &["server-alias"], &[]),
+    setting("service-upstream", Kind::Bool, Some("service-upstream"), &[], &[]),
     setting(
         "backend-snippet",
         Kind::Snippet,
@@ -252,7 +243,7 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool, class_parameters
     if let Some(annotations) = annotations {
         for key in annotations.try_iter().into_iter().flatten() {
             let Some(name) = key.as_str() else { continue };
-            if is_known(name)
+            if is_setting(name)
                 && let Ok(value) = annotations.get_item(&key)
             {
                 found.insert(name.to_owned(), value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string()));
@@ -265,31 +256,22 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool, class_parameters
     read(&found, &defaults, snippets).map(Settings::into_value).map_err(AnnotationError::into_render_error)
 }
 
-/// Peers' annotations haptic does not support whose absence would leave an Ingress less protected
-/// (or served other than asked) than its author meant: an Ingress carrying one is refused rather
-/// than served without it.
-const REFUSED_PEER_KEYS: &[&str] = &["auth-url", "oauth", "auth-tls-secret", "auth-tls-verify-client", "waf"];
-
 /// The names of the ssl-passthrough setting, which decides where an Ingress's routes go (the TLS
 /// frontend, not the HTTP maps) and so is read with the routes.
 pub(crate) static PASSTHROUGH_NAMES: LazyLock<Vec<String>> = LazyLock::new(|| names_of("ssl-passthrough"));
 
-/// The peers' prefixes, haproxy-ingress's then haproxytech's (`ingress.kubernetes.io/` is both's
-/// legacy one).
-const PEER_PREFIXES: [&str; 4] =
-    ["haproxy-ingress.github.io/", "ingress.kubernetes.io/", "haproxy.org/", "haproxy.com/"];
-
-/// Whether `name` is one of the peers' annotations that refuse an Ingress (see [`REFUSED_PEER_KEYS`]).
-fn is_refused(name: &str) -> bool {
-    PEER_PREFIXES.iter().filter_map(|prefix| name.strip_prefix(prefix)).any(|key| REFUSED_PEER_KEYS.contains(&key))
-}
-
 /// Each setting's annotation names, in precedence order (index as in [`SETTINGS`]).
 static SETTING_NAMES: LazyLock<Vec<Vec<String>>> = LazyLock::new(|| SETTINGS.iter().map(annotation_names).collect());
 
-/// Every setting's annotation names at once, for the per-annotation test on the routes' path.
-static ALL_SETTING_NAMES: LazyLock<std::collections::HashSet<&'static str>> =
-    LazyLock::new(|| SETTING_NAMES.iter().flatten().map(String::as_str).collect());
+/// Every setting's annotation names at once, each with its setting's key, for the
+/// per-annotation test on the routes' path.
+static ALL_SETTING_NAMES: LazyLock<std::collections::HashMap<&'static str, &'static str>> = LazyLock::new(|| {
+    SETTING_NAMES
+        .iter()
+        .zip(SETTINGS)
+        .flat_map(|(names, setting)| names.iter().map(move |name| (name.as_str(), setting.key)))
+        .collect()
+});
 
 /// The settings of an Ingress that sets none: every Ingress without the library's annotations
 /// (most of them) shares this one value instead of building its own.
@@ -312,6 +294,9 @@ pub(crate) fn annotation_names(setting: &Setting) -> Vec<String> {
         names.push(format!("haproxy.com/{key}"));
         names.push(format!("ingress.kubernetes.io/{key}"));
     }
+    for key in nginx::names(setting.key) {
+        names.push(format!("{}{key}", nginx::PREFIX));
+    }
     let mut seen = std::collections::HashSet::new();
     names.retain(|name| seen.insert(name.clone()));
     names
@@ -319,12 +304,104 @@ pub(crate) fn annotation_names(setting: &Setting) -> Vec<String> {
 
 /// Whether an annotation name is one the library reads (so its Ingress needs backends of its own).
 pub(crate) fn is_setting(name: &str) -> bool {
-    ALL_SETTING_NAMES.contains(name)
+    ALL_SETTING_NAMES.contains_key(name)
 }
 
-/// Whether `name` is an annotation the library reads at all (a setting's or a refused one).
-fn is_known(name: &str) -> bool {
-    is_setting(name) || is_refused(name)
+/// The key of the setting the annotation `name` sets, if it is one.
+pub(crate) fn setting_of(name: &str) -> Option<&'static str> {
+    ALL_SETTING_NAMES.get(name).copied()
+}
+
+/// What haptic makes of one annotation, for people deciding a move (`haptic migrate-check`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Judgement {
+    /// The verdict.
+    pub outcome: Outcome,
+    /// The setting it sets, when it is read.
+    pub setting: Option<&'static str>,
+    /// Why, or what differs.
+    pub detail: String,
+}
+
+/// The verdict on one annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Read, and served as its controller serves it.
+    Same,
+    /// Read, and served close to how its controller serves it (`detail` says what differs).
+    Converted,
+    /// Not an annotation: a default of the other controller's that haptic does not share
+    /// (`detail` says which annotation keeps it).
+    Differs,
+    /// Not implemented; the Ingress is served without it, with a Warning.
+    Ignored,
+    /// Under a known controller's prefix, but unknown; served without it, with a Warning.
+    Unknown,
+    /// The Ingress is not served while it carries this annotation (or this value).
+    Refused,
+}
+
+/// What haptic makes of the annotation `name` set to `value` (none for another prefix's);
+/// `snippets` says whether the configuration allows raw snippets.
+pub fn judge(name: &str, value: &str, snippets: bool) -> Option<Judgement> {
+    let judgement = |outcome, setting, detail: String| Some(Judgement { outcome, setting, detail });
+    match foreign::verdict(name, value) {
+        foreign::Verdict::NotOurs => None,
+        foreign::Verdict::Read(key) => {
+            let one = BTreeMap::from([(name.to_owned(), value.to_owned())]);
+            if let Err(error) = read(&one, &BTreeMap::new(), snippets) {
+                return judgement(Outcome::Refused, Some(key), error.why);
+            }
+            match name.strip_prefix(nginx::PREFIX).and_then(|nginx_key| nginx::conversion_note(nginx_key, value)) {
+                Some(note) => judgement(Outcome::Converted, Some(key), note.to_owned()),
+                None => judgement(Outcome::Same, Some(key), String::new()),
+            }
+        }
+        foreign::Verdict::Refused(protection, note) => {
+            judgement(Outcome::Refused, None, format!("{}: {note}", protection.describe()))
+        }
+        foreign::Verdict::Ignored(note) => judgement(Outcome::Ignored, None, note.to_owned()),
+        foreign::Verdict::Unknown => judgement(Outcome::Unknown, None, "no controller haptic knows has it".into()),
+    }
+}
+
+/// The Ingress's annotations (a template value) as name and text.
+fn each_annotation(annotations: &Value) -> impl Iterator<Item = (String, String)> + '_ {
+    annotations.try_iter().into_iter().flatten().filter_map(|key| {
+        let name = key.as_str()?.to_owned();
+        let value = annotations.get_item(&key).ok()?;
+        Some((name, value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string())))
+    })
+}
+
+/// Refuses an Ingress whose annotations ask for something haptic does not do and must not
+/// serve without (`foreign::Verdict::Refused`): the first such annotation, and why.
+pub(crate) fn refuse_unsupported(annotations: &Value) -> Result<(), AnnotationError> {
+    for (name, value) in each_annotation(annotations) {
+        if let foreign::Verdict::Refused(protection, note) = foreign::verdict(&name, &value) {
+            return Err(AnnotationError {
+                why: format!(
+                    "haptic does not implement it ({note}), and will not serve the Ingress without {}",
+                    protection.describe()
+                ),
+                name,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The annotations of known controllers the Ingress is served without, each with why (for a
+/// Warning): those haptic ignores, and names under a controller's prefix it does not know.
+pub(crate) fn ignored_annotations(annotations: &Value) -> Vec<(String, String)> {
+    each_annotation(annotations)
+        .filter_map(|(name, value)| match foreign::verdict(&name, &value) {
+            foreign::Verdict::Ignored(note) => Some((name, format!("not implemented: {note}"))),
+            foreign::Verdict::Unknown => Some((name, "not an annotation haptic knows (a typo?)".to_owned())),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -351,6 +428,12 @@ impl Kind {
             Kind::Size => "bytes, `k`/`m`/`g` suffix, or `unlimited`".into(),
             Kind::Rewrite => "`replacement` or `regex replacement`".into(),
             Kind::Snippet => "HAProxy lines for the backend (only with `allowSnippets`)".into(),
+            Kind::HashBy => {
+                "nginx variables (`$request_uri`, `$remote_addr`, `$http_<name>`, `$cookie_<name>`, `$arg_<name>`)"
+                    .into()
+            }
+            Kind::Hosts => "host names, comma-separated".into(),
+            Kind::Origins => "`*`, or origins (`https://app.example`, `https://*.example.com`), comma-separated".into(),
         }
     }
 }
@@ -359,7 +442,7 @@ impl Kind {
 #[cfg(test)]
 fn markdown_table() -> String {
     let mut table = String::from(
-        "| Setting | Value | haptic.dev/ | haproxy-ingress (`haproxy-ingress.github.io/`, `ingress.kubernetes.io/`) | haproxytech (`haproxy.org/`, `haproxy.com/`, `ingress.kubernetes.io/`) |\n|---|---|---|---|---|\n",
+        "| Setting | Value | haptic.dev/ | haproxy-ingress (`haproxy-ingress.github.io/`, `ingress.kubernetes.io/`) | haproxytech (`haproxy.org/`, `haproxy.com/`, `ingress.kubernetes.io/`) | ingress-nginx (`nginx.ingress.kubernetes.io/`) |\n|---|---|---|---|---|---|\n",
     );
     let names = |keys: &[&str]| {
         if keys.is_empty() {
@@ -370,12 +453,13 @@ fn markdown_table() -> String {
     };
     for setting in SETTINGS {
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} |\n",
             setting.key,
             setting.kind.describe(),
             names(setting.haptic.as_slice()),
             names(setting.haproxy_ingress),
             names(setting.haproxytech),
+            names(nginx::names(setting.key)),
         ));
     }
     table
@@ -415,14 +499,6 @@ pub(crate) fn read(
     defaults: &BTreeMap<String, String>,
     snippets: bool,
 ) -> Result<Settings, AnnotationError> {
-    if let Some(name) = annotations.keys().find(|name| is_refused(name)) {
-        return Err(AnnotationError {
-            name: name.clone(),
-            why:
-                "haptic does not support this annotation, and serving the Ingress without it would not be what it asks"
-                    .into(),
-        });
-    }
     let mut settings = Settings::default();
     for (setting, names) in SETTINGS.iter().zip(SETTING_NAMES.iter()) {
         let annotated = names.iter().find_map(|name| annotations.get(name).map(|value| (name.clone(), value.clone())));
@@ -443,6 +519,11 @@ pub(crate) fn read(
                 why: "raw configuration snippets are off in this configuration (extraContext.allowSnippets)".into(),
             });
         }
+        let refused = |why| AnnotationError { name: name.clone(), why };
+        let value = match name.strip_prefix(nginx::PREFIX) {
+            Some(_) => nginx::convert(setting.key, &value).map_err(refused)?.into_owned(),
+            None => value,
+        };
         let checked = check(setting.kind, &value).map_err(|why| AnnotationError { name: name.clone(), why })?;
         if let Some(checked) = checked {
             settings.values.insert(setting.key, checked);
@@ -475,269 +556,6 @@ impl AnnotationError {
         }
         Error::new(ErrorKind::InvalidOperation, self.to_string())
     }
-}
-
-fn safe(text: String) -> Value {
-    Value::from_safe_string(text)
-}
-
-fn text_error(error: Error) -> String {
-    error.detail().unwrap_or("the value does not fit").to_owned()
-}
-
-/// Checks one value of a kind; `None` when the value means "not set" (`unlimited`, say).
-fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
-    let value = raw.trim();
-    if let Some(c) =
-        filters::forbidden_char(value).filter(|_| !matches!(kind, Kind::Headers | Kind::HeaderNames | Kind::Snippet))
-    {
-        return Err(format!("the value holds {}", filters::describe(c)));
-    }
-    Ok(Some(match kind {
-        Kind::Bool => Value::from(match value.to_ascii_lowercase().as_str() {
-            "true" | "yes" | "on" | "1" => true,
-            "false" | "no" | "off" | "0" => false,
-            _ => return Err("the value is not true or false".into()),
-        }),
-        Kind::Duration => safe(filters::haproxy_duration(value).map_err(text_error)?),
-        Kind::Seconds => {
-            Value::from(seconds(value).ok_or("the value is not a number of seconds or a time such as 1h")?)
-        }
-        Kind::Count(bound) => Value::from(
-            value
-                .parse::<u64>()
-                .ok()
-                .filter(|n| (1..=bound).contains(n))
-                .ok_or(format!("the value is not a whole number from 1 to {bound}"))?,
-        ),
-        Kind::Status(allowed) => {
-            Value::from(value.parse::<u16>().ok().filter(|code| allowed.contains(code)).ok_or_else(|| {
-                format!("the value is not one of {}", allowed.iter().map(u16::to_string).collect::<Vec<_>>().join(", "))
-            })?)
-        }
-        Kind::OneOf(allowed) => {
-            let lower = value.to_ascii_lowercase();
-            let found = allowed
-                .iter()
-                .find(|word| **word == lower)
-                .ok_or_else(|| format!("the value is not one of {}", allowed.join(", ")))?;
-            safe((*found).to_owned())
-        }
-        Kind::Cidrs => check_cidrs(value)?,
-        Kind::SecretName => check_secret_name(value)?,
-        Kind::Token => check_token(value)?,
-        // Printed where HAProxy reads log-format text too (set-path, redirect location), where
-        // a % would start an expression: paths in annotations are taken without any.
-        Kind::Path if value.contains('%') => return Err("the value holds a %, which paths here may not".into()),
-        Kind::Path => safe(filters::url_path(value).map_err(text_error)?),
-        Kind::Url => check_url(value)?,
-        Kind::HostPort => safe(host_port(value)?),
-        Kind::Text => {
-            // Printed both as a plain word (a realm) and as log-format text (a header): with no
-            // % either reads the same.
-            if value.is_empty() || value.len() > 1024 || value.contains('%') {
-                return Err("the value is empty, longer than 1024 bytes, or holds a %".into());
-            }
-            safe(filters::haproxy_quote(value).map_err(text_error)?)
-        }
-        Kind::TokenList => check_token_list(value)?,
-        Kind::Headers => check_headers(value)?,
-        Kind::HeaderNames => check_header_names(value)?,
-        Kind::Size => {
-            if value.eq_ignore_ascii_case("unlimited") || value == "0" {
-                return Ok(None);
-            }
-            Value::from(size(value).ok_or("the value is not a size such as 10m, 512k or 1g")?)
-        }
-        Kind::Rewrite => check_rewrite(value)?,
-        Kind::Snippet => check_snippet(raw)?,
-    }))
-}
-
-/// Addresses and networks, separated by commas, spaces or lines.
-fn check_cidrs(value: &str) -> Result<Value, String> {
-    let networks = value
-        .split([',', ' ', '\n'])
-        .filter(|item| !item.trim().is_empty())
-        .map(|item| filters::cidr(item).map(safe).map_err(text_error))
-        .collect::<Result<Vec<_>, _>>()?;
-    if networks.is_empty() {
-        return Err("the value names no address or network".into());
-    }
-    Ok(Value::from(networks))
-}
-
-/// A Secret name, `name` or `namespace/name`.
-fn check_secret_name(value: &str) -> Result<Value, String> {
-    let name = value.rsplit('/').next().unwrap_or_default();
-    let dns_label = |part: &str| {
-        !part.is_empty()
-            && part.len() <= 253
-            && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-            && part.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && part.ends_with(|c: char| c.is_ascii_alphanumeric())
-    };
-    if !dns_label(name) || value.split('/').count() > 2 || !value.split('/').all(dns_label) {
-        return Err("the value is not a Secret name (name or namespace/name)".into());
-    }
-    Ok(Value::from(value))
-}
-
-/// A cookie name.
-fn check_token(value: &str) -> Result<Value, String> {
-    let token = |c: char| c.is_ascii_alphanumeric() || "!#$&'*+-.^_`|~".contains(c);
-    if value.is_empty() || value.len() > 64 || !value.chars().all(token) || value.contains('\'') {
-        return Err("the value is not a cookie name (letters, digits, !#$&*+-.^_`|~; 64 at most)".into());
-    }
-    Ok(safe(value.to_owned()))
-}
-
-/// An http:// or https:// URL.
-fn check_url(value: &str) -> Result<Value, String> {
-    let rest = value
-        .strip_prefix("https://")
-        .or_else(|| value.strip_prefix("http://"))
-        .ok_or("the value is not an http:// or https:// URL")?;
-    let (authority, path) = rest.find('/').map_or((rest, "/"), |at| (&rest[..at], &rest[at..]));
-    host_port(authority)?;
-    let (path_only, query) = path.split_once('?').unwrap_or((path, ""));
-    filters::url_path(path_only).map_err(text_error)?;
-    if query.chars().any(|c| c.is_whitespace() || c == '#' || c == '\'') {
-        return Err("the value's query holds characters a URL does not".into());
-    }
-    Ok(safe(filters::log_text(value).map_err(text_error)?))
-}
-
-/// A comma-separated list of names (or `*`).
-fn check_token_list(value: &str) -> Result<Value, String> {
-    let items: Vec<&str> = value.split(',').map(str::trim).filter(|item| !item.is_empty()).collect();
-    let token = |item: &&str| *item == "*" || item.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if items.is_empty() || !items.iter().all(token) {
-        return Err("the value is not a comma-separated list of names".into());
-    }
-    Ok(safe(filters::log_text(&items.join(", ")).map_err(text_error)?))
-}
-
-/// Header lines, `Name: value` or `Name value`.
-fn check_headers(value: &str) -> Result<Value, String> {
-    let mut headers = Vec::new();
-    for line in value.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        let (name, rest) = line
-            .split_once(':')
-            .filter(|(name, _)| !name.contains(' '))
-            .or_else(|| line.split_once(' '))
-            .ok_or("a line is not a header name and value")?;
-        let (name, rest) = (name.trim(), rest.trim());
-        header_name(name)?;
-        if let Some(c) = filters::forbidden_char(rest) {
-            return Err(format!("a header value holds {}", filters::describe(c)));
-        }
-        headers.push(Value::from(vec![
-            safe(name.to_ascii_lowercase()),
-            safe(filters::log_text(rest).map_err(text_error)?),
-        ]));
-    }
-    if headers.is_empty() {
-        return Err("the value holds no header".into());
-    }
-    Ok(Value::from(headers))
-}
-
-/// Header names, separated by commas or lines.
-fn check_header_names(value: &str) -> Result<Value, String> {
-    let names = value
-        .split([',', '\n'])
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-        .map(|name| header_name(name).map(|()| safe(name.to_ascii_lowercase())))
-        .collect::<Result<Vec<_>, _>>()?;
-    if names.is_empty() {
-        return Err("the value holds no header name".into());
-    }
-    Ok(Value::from(names))
-}
-
-/// `replacement` or `regex replacement`.
-fn check_rewrite(value: &str) -> Result<Value, String> {
-    let parts: Vec<&str> = value.split_whitespace().collect();
-    let (pattern, replacement) = match parts.as_slice() {
-        [replacement] => ("(.*)", *replacement),
-        [pattern, replacement] => (*pattern, *replacement),
-        _ => return Err("the value is not `replacement` or `regex replacement`".into()),
-    };
-    regex::Regex::new(pattern).map_err(|_| "the pattern is not a regular expression")?;
-    Ok(Value::from(vec![
-        safe(filters::haproxy_quote(pattern).map_err(text_error)?),
-        safe(filters::log_text(replacement).map_err(text_error)?),
-    ]))
-}
-
-/// Lines for a backend, none starting a section.
-fn check_snippet(raw: &str) -> Result<Value, String> {
-    let mut lines = Vec::new();
-    for line in raw.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        if let Some(c) = filters::forbidden_char(line) {
-            return Err(format!("a line holds {}", filters::describe(c)));
-        }
-        let first = line.split_whitespace().next().unwrap_or_default();
-        if crate::plan::config::SECTION_KEYWORDS.contains(&first) {
-            return Err(format!("a line starts a section ({first}); a snippet stays in its backend"));
-        }
-        lines.push(safe(line.to_owned()));
-    }
-    Ok(Value::from(lines))
-}
-
-fn header_name(name: &str) -> Result<(), String> {
-    let token = |c: char| c.is_ascii_alphanumeric() || "!#$&*+-.^_`|~".contains(c);
-    if name.is_empty() || name.len() > 128 || !name.chars().all(token) {
-        return Err("a header name is not a token".into());
-    }
-    Ok(())
-}
-
-fn host_port(value: &str) -> Result<String, String> {
-    let (host, port) = match value.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => (host, Some(port)),
-        _ => (value, None),
-    };
-    filters::hostname(host).map_err(text_error)?;
-    if let Some(port) = port
-        && port.parse::<u16>().ok().filter(|p| *p > 0).is_none()
-    {
-        return Err("the value's port is not a port number".into());
-    }
-    Ok(value.to_ascii_lowercase())
-}
-
-fn seconds(value: &str) -> Option<u64> {
-    if let Ok(n) = value.parse::<u64>() {
-        return Some(n);
-    }
-    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let n: u64 = digits.parse().ok()?;
-    let unit = match &value[digits.len()..] {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return None,
-    };
-    n.checked_mul(unit)
-}
-
-fn size(value: &str) -> Option<u64> {
-    let lower = value.to_ascii_lowercase();
-    let digits = lower.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let n: u64 = digits.parse().ok()?;
-    let unit: u64 = match &lower[digits.len()..] {
-        "" | "b" => 1,
-        "k" | "kb" => 1 << 10,
-        "m" | "mb" => 1 << 20,
-        "g" | "gb" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(unit).filter(|bytes| *bytes > 0)
 }
 
 #[cfg(test)]
@@ -835,14 +653,38 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_protection_haptic_lacks_refuses_the_ingress() {
-        for name in ["haproxy-ingress.github.io/auth-url", "ingress.kubernetes.io/oauth", "haproxy.org/ssl-passthrough"]
-        {
-            let error = read(&annotations(&[(name, "x")]), &BTreeMap::new(), false).expect_err(name);
+    fn a_protection_haptic_lacks_refuses_the_ingress_and_the_rest_are_named() {
+        let annotations = |pairs: &[(&str, &str)]| {
+            Value::from(
+                pairs.iter().map(|(name, value)| ((*name).to_owned(), Value::from(*value))).collect::<BTreeMap<_, _>>(),
+            )
+        };
+        for name in [
+            "haproxy-ingress.github.io/auth-url",
+            "ingress.kubernetes.io/oauth",
+            "nginx.ingress.kubernetes.io/auth-tls-secret",
+        ] {
+            let error = refuse_unsupported(&annotations(&[("a/b", "c"), (name, "x")])).expect_err(name);
             assert_eq!(error.name, name);
         }
-        assert!(
-            read(&annotations(&[("haproxy-ingress.github.io/maxconn-server", "10")]), &BTreeMap::new(), false).is_ok()
+        let served = annotations(&[
+            ("haproxy-ingress.github.io/maxconn-server", "10"),
+            ("nginx.ingress.kubernetes.io/proxy-buffering", "on"),
+            ("nginx.ingress.kubernetes.io/enable-modsecurity", "false"),
+            ("nginx.ingress.kubernetes.io/limit-rps", "5"),
+            ("haptic.dev/tiemout-server", "5s"),
+            ("cert-manager.io/cluster-issuer", "letsencrypt"),
+        ]);
+        assert!(refuse_unsupported(&served).is_ok());
+        let ignored: Vec<String> = ignored_annotations(&served).into_iter().map(|(name, _)| name).collect();
+        assert_eq!(
+            ignored,
+            [
+                "haproxy-ingress.github.io/maxconn-server",
+                "haptic.dev/tiemout-server",
+                "nginx.ingress.kubernetes.io/enable-modsecurity",
+                "nginx.ingress.kubernetes.io/proxy-buffering"
+            ]
         );
     }
 
