@@ -25,6 +25,7 @@ mod hijack;
 mod hostile;
 mod hostile_values;
 mod library;
+mod nginx;
 mod observability;
 mod pod_versions;
 mod reload_pace;

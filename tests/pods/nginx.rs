@@ -1,0 +1,772 @@
+//! Issue #48, live: Ingresses written for ingress-nginx (`nginx.ingress.kubernetes.io/`), each
+//! row a real request through every HAProxy pod of the environment, running what the real
+//! `haptic` binary rendered and pushed through the Dataplane API; and an Ingress asking for a
+//! protection haptic lacks, of every kind, left out with a Warning Event that says why.
+//!
+//! The table it prints is the ingress-nginx part of docs/library-conformance.md.
+
+use crate::annotations::{
+    Ask, Case, Look, Row, annotations, basic, case, crypt_sha512, get, on_every_pod, probe, same_backend_for, secret,
+    wait_until, with_header,
+};
+use crate::env;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use env::controller::ControllerProcess;
+use env::standalone::{
+    apply_library_config_for_pods_with, backend_host_address, endpoint_slice, library_namespace,
+    service_with_endpoints, start_backend_specs,
+};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+const WITHIN: Duration = Duration::from_secs(60);
+const BASE_PORT: u16 = 18540;
+
+fn nx(name: &str) -> String {
+    format!("nginx.ingress.kubernetes.io/{name}")
+}
+
+/// `case` with a TLS section naming its host (the Secret need not exist for what is asked).
+fn with_tls(mut case: Case) -> Case {
+    case.tls = true;
+    case
+}
+
+/// The Ingress of a case, with its TLS section when asked.
+fn case_ingress(case: &Case) -> Result<Ingress> {
+    let paths: Vec<_> = case
+        .paths
+        .iter()
+        .map(|(path, kind)| json!({"path": path, "pathType": kind, "backend": {"service": {"name": case.service, "port": {"number": 80}}}}))
+        .collect();
+    let mut spec = json!({"ingressClassName": "haproxy", "rules": [{"host": case.host, "http": {"paths": paths}}]});
+    if case.tls {
+        spec["tls"] = json!([{"hosts": [case.host], "secretName": "nginx-haptic-default-cert"}]);
+    }
+    Ok(serde_json::from_value(json!({"metadata": {"name": case.name, "annotations": case.annotations}, "spec": spec}))?)
+}
+
+/// The rows of the plain cases: one Ingress each, asked as the row says.
+fn cases(namespace: &str) -> Vec<Case> {
+    let ok = |b: &str| format!("200 {b}");
+    let leak = |text: String| -> &'static str { Box::leak(text.into_boxed_str()) };
+    let ca = leak(format!("{namespace}/backend-ca"));
+    let wrong_ca = leak(format!("{namespace}/wrong-ca"));
+    let slow = || get("/slow?seconds=3");
+    let post = |body: usize| Ask { method: "POST", path: "/upload", body, ..Ask::default() };
+    let preflight = |origin: &str| Ask {
+        method: "OPTIONS",
+        path: "/",
+        headers: vec![("origin", origin.to_owned()), ("access-control-request-method", "PUT".into())],
+        ..Ask::default()
+    };
+    let origin = |origin: &str| with_header(get("/"), "origin", origin);
+    vec![
+        with_tls(case(
+            "nx-redirect",
+            "web",
+            annotations(&[(nx("ssl-redirect"), "true")]),
+            vec![(
+                "ssl-redirect, an Ingress with TLS: 308",
+                get("/x?y=1"),
+                Look::Outcome,
+                "308 https://nx-redirect.example/x?y=1",
+            )],
+        )),
+        case(
+            "nx-redirect-plain",
+            "web",
+            annotations(&[(nx("ssl-redirect"), "true")]),
+            vec![("ssl-redirect, an Ingress without TLS: served", get("/x"), Look::Outcome, &ok("web"))],
+        ),
+        case(
+            "nx-force",
+            "web",
+            annotations(&[(nx("force-ssl-redirect"), "true")]),
+            vec![("force-ssl-redirect without TLS: 308", get("/x"), Look::Outcome, "308 https://nx-force.example/x")],
+        ),
+        with_tls(case(
+            "nx-no-redirect",
+            "web",
+            annotations(&[(nx("ssl-redirect"), "false")]),
+            vec![("ssl-redirect false, with TLS: served", get("/x"), Look::Outcome, &ok("web"))],
+        )),
+        case(
+            "nx-https",
+            "secure",
+            annotations(&[(nx("backend-protocol"), "HTTPS")]),
+            vec![("backend-protocol HTTPS: TLS to the server, not verified", get("/"), Look::Outcome, &ok("secure"))],
+        ),
+        case(
+            "nx-unverified",
+            "secure",
+            annotations(&[(nx("backend-protocol"), "HTTPS"), (nx("proxy-ssl-secret"), wrong_ca)]),
+            vec![("proxy-ssl-secret without proxy-ssl-verify: not verified", get("/"), Look::Outcome, &ok("secure"))],
+        ),
+        case(
+            "nx-verified",
+            "secure",
+            annotations(&[
+                (nx("backend-protocol"), "HTTPS"),
+                (nx("proxy-ssl-secret"), ca),
+                (nx("proxy-ssl-verify"), "on"),
+                (nx("proxy-ssl-name"), "secure.backend"),
+                (nx("proxy-ssl-server-name"), "on"),
+            ]),
+            vec![(
+                "proxy-ssl-secret + proxy-ssl-verify on + proxy-ssl-name: verified",
+                get("/"),
+                Look::Outcome,
+                &ok("secure"),
+            )],
+        ),
+        case(
+            "nx-wrong-ca",
+            "secure",
+            annotations(&[
+                (nx("backend-protocol"), "HTTPS"),
+                (nx("proxy-ssl-secret"), wrong_ca),
+                (nx("proxy-ssl-verify"), "on"),
+            ]),
+            vec![("proxy-ssl-verify on with a CA that did not sign it: refused", get("/"), Look::Outcome, "503")],
+        ),
+        case(
+            "nx-wrong-name",
+            "secure",
+            annotations(&[
+                (nx("backend-protocol"), "HTTPS"),
+                (nx("proxy-ssl-secret"), ca),
+                (nx("proxy-ssl-verify"), "on"),
+                (nx("proxy-ssl-name"), "other.backend"),
+            ]),
+            vec![("proxy-ssl-name another name than the certificate's: refused", get("/"), Look::Outcome, "503")],
+        ),
+        case(
+            "nx-grpc",
+            "grpc",
+            annotations(&[(nx("backend-protocol"), "GRPC")]),
+            vec![("backend-protocol GRPC: HTTP/2 to an HTTP/2-only server", get("/"), Look::Outcome, &ok("grpc"))],
+        ),
+        case(
+            "nx-h2c",
+            "grpc",
+            annotations(&[(nx("backend-protocol"), "H2C")]),
+            vec![("backend-protocol H2C", get("/"), Look::Outcome, &ok("grpc"))],
+        ),
+        case(
+            "nx-timeout",
+            "web",
+            annotations(&[(nx("proxy-read-timeout"), "1"), (nx("proxy-connect-timeout"), "2")]),
+            vec![
+                ("proxy-read-timeout 1 (seconds) ends a 3 s answer", slow(), Look::Outcome, "504"),
+                ("... a quick answer still served", get("/"), Look::Outcome, &ok("web")),
+            ],
+        ),
+        case(
+            "nx-send-timeout",
+            "web",
+            annotations(&[(nx("proxy-send-timeout"), "1")]),
+            vec![("proxy-send-timeout 1 (the server timeout)", slow(), Look::Outcome, "504")],
+        ),
+        case(
+            "nx-body",
+            "web",
+            annotations(&[(nx("proxy-body-size"), "1k")]),
+            vec![
+                ("proxy-body-size 1k: a 2 KiB body refused", post(2048), Look::Outcome, "413"),
+                ("... a 512 B body served", post(512), Look::Outcome, &ok("web")),
+            ],
+        ),
+        case(
+            "nx-sticky",
+            "pair",
+            annotations(&[
+                (nx("affinity"), "cookie"),
+                (nx("session-cookie-name"), "route"),
+                (nx("session-cookie-samesite"), "Lax"),
+                (nx("session-cookie-secure"), "true"),
+                (nx("session-cookie-max-age"), "3600"),
+            ]),
+            vec![
+                ("affinity cookie + session-cookie-name", get("/"), Look::Cookie, "200 route"),
+                (
+                    "session-cookie-samesite, -secure, -max-age: the cookie's attributes",
+                    get("/"),
+                    Look::Header("set-cookie-attributes"),
+                    "200 HttpOnly; Max-Age=3600; SameSite=Lax; Secure; path=/",
+                ),
+            ],
+        ),
+        case(
+            "nx-hash",
+            "pair",
+            annotations(&[(nx("upstream-hash-by"), "$request_uri")]),
+            vec![("upstream-hash-by $request_uri: one URI, one server", get("/"), Look::Outcome, "SAME")],
+        ),
+        case(
+            "nx-hash-header",
+            "pair",
+            annotations(&[(nx("upstream-hash-by"), "$http_x_user")]),
+            vec![(
+                "upstream-hash-by $http_x_user: one user, one server",
+                with_header(get("/"), "x-user", "ann"),
+                Look::Outcome,
+                "SAME",
+            )],
+        ),
+        case(
+            "nx-ewma",
+            "web",
+            annotations(&[(nx("load-balance"), "ewma")]),
+            vec![("load-balance ewma (as leastconn): served", get("/"), Look::Outcome, &ok("web"))],
+        ),
+        case(
+            "nx-allow",
+            "web",
+            annotations(&[(nx("whitelist-source-range"), "192.0.2.0/24, 2001:db8::/32")]),
+            vec![("whitelist-source-range without the client", get("/"), Look::Outcome, "403")],
+        ),
+        case(
+            "nx-allow-client",
+            "web",
+            annotations(&[(nx("whitelist-source-range"), "0.0.0.0/0")]),
+            vec![("whitelist-source-range with the client", get("/"), Look::Outcome, &ok("web"))],
+        ),
+        case(
+            "nx-deny",
+            "web",
+            annotations(&[(nx("denylist-source-range"), "0.0.0.0/0")]),
+            vec![("denylist-source-range covering the client", get("/"), Look::Outcome, "403")],
+        ),
+        case(
+            "nx-permanent",
+            "web",
+            annotations(&[(nx("permanent-redirect"), "https://new.example/landing")]),
+            vec![("permanent-redirect: 301", get("/old"), Look::Outcome, "301 https://new.example/landing")],
+        ),
+        case(
+            "nx-permanent-code",
+            "web",
+            annotations(&[(nx("permanent-redirect"), "https://new.example/"), (nx("permanent-redirect-code"), "308")]),
+            vec![(
+                "permanent-redirect + permanent-redirect-code 308",
+                get("/"),
+                Look::Outcome,
+                "308 https://new.example/",
+            )],
+        ),
+        case(
+            "nx-temporal",
+            "web",
+            annotations(&[(nx("temporal-redirect"), "https://status.example/")]),
+            vec![("temporal-redirect: 302", get("/"), Look::Outcome, "302 https://status.example/")],
+        ),
+        case(
+            "nx-app-root",
+            "web",
+            annotations(&[(nx("app-root"), "/app")]),
+            vec![
+                ("app-root: / redirected", get("/"), Look::Outcome, "302 /app"),
+                ("... other paths served", get("/app"), Look::Outcome, &ok("web")),
+            ],
+        ),
+        case(
+            "nx-cors",
+            "web",
+            annotations(&[(nx("enable-cors"), "true")]),
+            vec![
+                (
+                    "enable-cors: preflight answered, credentials allowed (ingress-nginx's default)",
+                    preflight("https://app.example"),
+                    Look::Header("access-control-allow-credentials"),
+                    "204 true",
+                ),
+                (
+                    "... max age 1728000 (ingress-nginx's default)",
+                    preflight("https://app.example"),
+                    Look::Header("access-control-max-age"),
+                    "204 1728000",
+                ),
+                ("... any origin", origin("https://app.example"), Look::Header("access-control-allow-origin"), "200 *"),
+            ],
+        ),
+        case(
+            "nx-cors-list",
+            "web",
+            annotations(&[
+                (nx("enable-cors"), "true"),
+                (nx("cors-allow-origin"), "https://a.example, https://b.example:8443, https://*.apps.example"),
+            ]),
+            vec![
+                (
+                    "cors-allow-origin list: the second origin echoed",
+                    origin("https://b.example:8443"),
+                    Look::Header("access-control-allow-origin"),
+                    "200 https://b.example:8443",
+                ),
+                (
+                    "... a wildcard origin, one label",
+                    origin("https://x.apps.example"),
+                    Look::Header("access-control-allow-origin"),
+                    "200 https://x.apps.example",
+                ),
+                (
+                    "... another origin gets none",
+                    origin("https://evil.example"),
+                    Look::Header("access-control-allow-origin"),
+                    "200 ",
+                ),
+                (
+                    "... preflight from a listed origin",
+                    preflight("https://a.example"),
+                    Look::Header("access-control-allow-origin"),
+                    "204 https://a.example",
+                ),
+            ],
+        ),
+        case(
+            "nx-auth",
+            "web",
+            annotations(&[
+                (nx("auth-type"), "basic"),
+                (nx("auth-secret"), "users-htpasswd"),
+                (nx("auth-realm"), "Staging"),
+            ]),
+            vec![
+                (
+                    "auth-type basic + auth-secret (auth-file): no credentials",
+                    get("/"),
+                    Look::Header("www-authenticate"),
+                    "401 Basic realm=\"Staging\"",
+                ),
+                (
+                    "... right password",
+                    with_header(get("/"), "authorization", &basic("alice", "s3cret")),
+                    Look::Outcome,
+                    &ok("web"),
+                ),
+                (
+                    "... wrong password",
+                    with_header(get("/"), "authorization", &basic("alice", "guess")),
+                    Look::Outcome,
+                    "401",
+                ),
+            ],
+        ),
+        case(
+            "nx-auth-map",
+            "web",
+            annotations(&[
+                (nx("auth-type"), "basic"),
+                (nx("auth-secret"), "users-per-key"),
+                (nx("auth-secret-type"), "auth-map"),
+            ]),
+            vec![(
+                "auth-secret-type auth-map: right password",
+                with_header(get("/"), "authorization", &basic("bob", "s3cret")),
+                Look::Outcome,
+                &ok("web"),
+            )],
+        ),
+        case(
+            "nx-vhost",
+            "web",
+            annotations(&[(nx("upstream-vhost"), "inner.example"), (nx("x-forwarded-prefix"), "/shop")]),
+            vec![
+                (
+                    "upstream-vhost: the Host the server sees",
+                    get("/"),
+                    Look::Seen("backend=web"),
+                    "200 backend=web path=/ host=inner.example",
+                ),
+                (
+                    "x-forwarded-prefix",
+                    get("/"),
+                    Look::Seen("header x-forwarded-prefix"),
+                    "200 header x-forwarded-prefix: /shop",
+                ),
+            ],
+        ),
+        case(
+            "nx-alias",
+            "web",
+            annotations(&[(nx("server-alias"), "alias-one.example, alias-two.example")]),
+            vec![("server-alias: the rule's own host", get("/"), Look::Outcome, &ok("web"))],
+        ),
+        case(
+            "www.nx-www",
+            "web",
+            annotations(&[(nx("from-to-www-redirect"), "true")]),
+            vec![("from-to-www-redirect: the www host served", get("/x"), Look::Outcome, &ok("web"))],
+        ),
+        case(
+            "nx-ignored",
+            "web",
+            annotations(&[(nx("proxy-buffering"), "on"), (nx("enable-access-log"), "false")]),
+            vec![("proxy-buffering, enable-access-log (ignored): served", get("/"), Look::Outcome, &ok("web"))],
+        ),
+        // Last: every pod serves it before the rows start.
+        case(
+            "nx-last",
+            "web",
+            annotations(&[(nx("proxy-connect-timeout"), "5")]),
+            vec![("proxy-connect-timeout 5: served", get("/"), Look::Outcome, &ok("web"))],
+        ),
+    ]
+}
+
+/// Ingresses asking for a protection haptic does not have, one per kind (and one whose value
+/// haptic cannot serve): each left out, every pod answering 404, with a `Refused` Event that
+/// names the annotation. Each routes to the Service every other Ingress shares.
+fn refused_cases() -> Vec<(&'static str, &'static str, String, &'static str)> {
+    vec![
+        ("nx-ext-auth", "authentication (external auth)", nx("auth-url"), "http://auth.example/verify"),
+        (
+            "nx-oauth",
+            "authentication (haproxy-ingress's oauth)",
+            "haproxy-ingress.github.io/oauth".into(),
+            "oauth2_proxy",
+        ),
+        ("nx-mtls", "client certificates", nx("auth-tls-secret"), "default/ca"),
+        ("nx-waf", "a web application firewall", nx("enable-modsecurity"), "true"),
+        ("nx-global-limit", "rate limits (global, memcached)", nx("global-rate-limit"), "100"),
+        ("nx-snippet", "configuration in nginx's language", nx("configuration-snippet"), "deny all;"),
+        ("nx-canary", "routing (canary)", nx("canary"), "true"),
+        ("nx-digest", "authentication (digest, a value haptic cannot serve)", nx("auth-type"), "digest"),
+        (
+            "nx-patterns",
+            "client address lists (haproxytech's pattern file)",
+            "haproxy.org/allow-list".into(),
+            "patterns/ips",
+        ),
+    ]
+}
+
+/// The note of the Event `reason` on the Ingress `name`, waited for.
+async fn event_note(client: &kube::Client, namespace: &str, name: &str, reason: &str) -> Option<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = events.list(&ListParams::default()).await.ok()?.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some(reason) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        });
+        if let Some(found) = found {
+            return found.note;
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `Look::Header("set-cookie-attributes")` is answered by the plain header: its attributes
+/// sorted, the cookie's own value left out.
+async fn cookie_attributes(http: &reqwest::Client, env: &env::Manifest, host: &str) -> String {
+    env::on_every_pod(&env.pods, |pod| async move {
+        let got = probe(http, pod, host, &get("/"), Look::Header("set-cookie")).await;
+        let (status, cookie) = got.split_once(' ').unwrap_or((&got, ""));
+        let mut attributes: Vec<&str> = cookie.split(';').skip(1).map(str::trim).filter(|a| !a.is_empty()).collect();
+        attributes.sort_unstable();
+        format!("{status} {}", attributes.join("; "))
+    })
+    .await
+}
+
+/// How each pod answers `count` requests in a row: `<code> after <n>` when the first `n` pass
+/// and the rest get `code`.
+async fn limit_row(
+    http: &reqwest::Client,
+    env: &env::Manifest,
+    host: &str,
+    count: usize,
+    case: &str,
+    expected: &str,
+) -> Row {
+    let answers = env::on_every_pod(&env.pods, |pod| async move {
+        let mut statuses = Vec::new();
+        for _ in 0..count {
+            statuses.push(probe(http, pod, host, &get("/"), Look::Outcome).await);
+        }
+        let passed = statuses.iter().take_while(|s| s.starts_with("200")).count();
+        let rest: std::collections::BTreeSet<&String> = statuses.iter().skip(passed).collect();
+        match rest.into_iter().next() {
+            None => format!("all {count} served"),
+            Some(code) => format!("{code} after {passed}"),
+        }
+    })
+    .await;
+    Row {
+        case: case.into(),
+        request: format!("GET {host}/ ×{count} in a row"),
+        expected: expected.into(),
+        got: answers,
+    }
+}
+
+#[tokio::test]
+async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -> Result<()> {
+    let env = env::environment();
+    let _pods = env::exclusive_pods().await;
+    let client = env.kube_client().await?;
+    let namespace = library_namespace(env, &client, "nginx").await?;
+    let work = tempfile::tempdir()?;
+    let dir = work.path();
+    let address = backend_host_address()?;
+
+    let (cert, key) = env::fixtures::self_signed(dir, "secure.backend", &["rsa:2048"])?;
+    std::fs::write(dir.join("backend.pem"), format!("{cert}{key}"))?;
+    let (other_ca, _) = env::fixtures::self_signed(dir, "someone-else", &["rsa:2048"])?;
+    let port = |i: u16| BASE_PORT + i;
+    let specs = vec![
+        format!("web={address}:{}", port(0)),
+        format!("pa={address}:{}", port(1)),
+        format!("pb={address}:{}", port(2)),
+        format!("secure={address}:{}={}", port(5), dir.join("backend.pem").display()),
+    ];
+    let _backends = start_backend_specs(dir, &specs)?;
+    let _h2c = env::h2c::start(dir, "h2c_backends", &[format!("grpc={address}:{}", port(6))])?;
+    service_with_endpoints(&client, &namespace, "web", &address, port(0)).await?;
+    service_with_endpoints(&client, &namespace, "pair", &address, port(1)).await?;
+    service_with_endpoints(&client, &namespace, "secure", &address, port(5)).await?;
+    service_with_endpoints(&client, &namespace, "grpc", &address, port(6)).await?;
+    Api::<EndpointSlice>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &endpoint_slice("pair-2", "pair", &address, port(2))?)
+        .await?;
+
+    let (default_cert, default_key) = env::fixtures::self_signed(dir, "haptic-default", &["rsa:2048"])?;
+    let tls = json!({"tls.crt": default_cert, "tls.key": default_key});
+    secret(&client, &namespace, "nginx-haptic-default-cert", "kubernetes.io/tls", tls).await?;
+    let hash = crypt_sha512("s3cret")?;
+    secret(&client, &namespace, "users-htpasswd", "Opaque", json!({"auth": format!("alice:{hash}\n")})).await?;
+    secret(&client, &namespace, "users-per-key", "Opaque", json!({"bob": hash})).await?;
+    secret(&client, &namespace, "backend-ca", "Opaque", json!({"ca.crt": cert})).await?;
+    secret(&client, &namespace, "wrong-ca", "Opaque", json!({"ca.crt": other_ca})).await?;
+
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let mut cases = cases(&namespace);
+    // Rate limits and service-upstream: asked below, not by the plain rows.
+    let limits = [
+        ("nx-rps", vec![(nx("limit-rps"), "3"), (nx("limit-burst-multiplier"), "1")]),
+        ("nx-rps-burst", vec![(nx("limit-rps"), "2")]),
+        (
+            "nx-rps-exempt",
+            vec![(nx("limit-rps"), "1"), (nx("limit-burst-multiplier"), "1"), (nx("limit-whitelist"), "0.0.0.0/0")],
+        ),
+        ("nx-rpm", vec![(nx("limit-rpm"), "2"), (nx("limit-burst-multiplier"), "1")]),
+        ("nx-upstream", vec![(nx("service-upstream"), "true")]),
+    ];
+    for (name, pairs) in &limits {
+        cases.insert(0, case(name, "web", annotations(pairs), Vec::new()));
+    }
+    for case in &cases {
+        ingresses.create(&PostParams::default(), &case_ingress(case)?).await?;
+    }
+    for (name, _, annotation, value) in refused_cases() {
+        let refused = case(name, "web", annotations(&[(annotation, value)]), Vec::new());
+        ingresses.create(&PostParams::default(), &case_ingress(&refused)?).await?;
+    }
+    // Another class's Ingress: ingress-nginx's to serve, not haptic's to judge.
+    let mut theirs =
+        case_ingress(&case("nx-theirs", "web", annotations(&[(nx("auth-url"), "http://a/")]), Vec::new()))?;
+    if let Some(spec) = theirs.spec.as_mut() {
+        spec.ingress_class_name = Some("nginx".into());
+    }
+    ingresses.create(&PostParams::default(), &theirs).await?;
+
+    apply_library_config_for_pods_with(&client, &namespace, "nginx", &[]).await?;
+    let controller = ControllerProcess::launch_library(env, &namespace, &dir.join("journal"))?;
+    controller.wait_all_in_sync(env.pods.len(), WITHIN).await?;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    wait_until(&http, env, "nx-last.example", &get("/"), "200 web").await?;
+
+    let mut rows = Vec::new();
+    for case in &cases {
+        for (name, ask, look, expected) in &case.rows {
+            let (expected, got) = match (expected.as_str(), look) {
+                ("SAME", _) => same_backend_for(&http, env, case.host, ask).await,
+                (_, Look::Header("set-cookie-attributes")) => {
+                    (expected.clone(), cookie_attributes(&http, env, case.host).await)
+                }
+                _ => (expected.clone(), on_every_pod(&http, env, case.host, ask, *look).await),
+            };
+            rows.push(Row {
+                case: (*name).to_owned(),
+                request: format!("{} {}{}", ask.method, case.host, ask.path),
+                expected,
+                got,
+            });
+        }
+    }
+    rows.extend(routing_rows(&http, env).await);
+    rows.push(
+        limit_row(
+            &http,
+            env,
+            "nx-rps.example",
+            8,
+            "limit-rps 3 + limit-burst-multiplier 1: 503 after 3",
+            "503 after 3",
+        )
+        .await,
+    );
+    rows.push(
+        limit_row(
+            &http,
+            env,
+            "nx-rps-burst.example",
+            14,
+            "limit-rps 2 (burst ×5, ingress-nginx's default): 10 in 5 s, then 503",
+            "503 after 10",
+        )
+        .await,
+    );
+    rows.push(
+        limit_row(
+            &http,
+            env,
+            "nx-rps-exempt.example",
+            6,
+            "limit-rps 1 + limit-whitelist covering the client: never limited",
+            "all 6 served",
+        )
+        .await,
+    );
+    rows.push(
+        limit_row(
+            &http,
+            env,
+            "nx-rpm.example",
+            4,
+            "limit-rpm 2 + limit-burst-multiplier 1: 503 after 2",
+            "503 after 2",
+        )
+        .await,
+    );
+    rows.push(service_upstream_row(&client, &namespace, env).await?);
+    rows.extend(refusal_rows(&client, &namespace, &http, env).await);
+    rows.extend(warning_rows(&client, &namespace).await);
+
+    let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
+    for row in &rows {
+        let mark = if row.expected == row.got { "pass" } else { "FAIL" };
+        table.push_str(&format!("| {} | `{}` | {} | {} | {mark} |\n", row.case, row.request, row.expected, row.got));
+    }
+    println!("{table}");
+    let _ = std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/nginx-conformance.md"), &table);
+    let failed = rows.iter().filter(|row| row.expected != row.got).count();
+    ensure!(failed == 0, "{failed} rows failed:\n{table}\n--- haproxy.cfg ---\n{}", controller.file("haproxy.cfg"));
+    Ok(())
+}
+
+/// Hosts an Ingress's annotations add: a server alias, and the www twin that redirects.
+async fn routing_rows(http: &reqwest::Client, env: &env::Manifest) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (case, host, path, expected) in [
+        ("server-alias: the first alias served as the rule", "alias-one.example", "/", "200 web"),
+        ("server-alias: the second alias", "alias-two.example", "/", "200 web"),
+        (
+            "from-to-www-redirect: the bare host sent to www",
+            "nx-www.example",
+            "/x?y=1",
+            "308 http://www.nx-www.example/x?y=1",
+        ),
+    ] {
+        let got = on_every_pod(http, env, host, &get(path), Look::Outcome).await;
+        rows.push(Row { case: case.into(), request: format!("GET {host}{path}"), expected: expected.into(), got });
+    }
+    rows
+}
+
+/// service-upstream: the backend's one server is the Service's cluster IP, as every pod runs it
+/// (read back through its Dataplane API): kube-proxy, not HAProxy, picks the endpoint.
+async fn service_upstream_row(client: &kube::Client, namespace: &str, env: &env::Manifest) -> Result<Row> {
+    let service = Api::<Service>::namespaced(client.clone(), namespace).get("web").await?;
+    let ip = service.spec.and_then(|spec| spec.cluster_ip).unwrap_or_default();
+    let wanted = format!("{ip}:80");
+    let backend = format!("backend be_{namespace}_web_80_nx-upstream");
+    let mut answers = Vec::new();
+    for pod in &env.pods {
+        let config = env.dataplane(pod).raw_configuration().await?.text;
+        let servers: Vec<String> = config
+            .split("\nbackend ")
+            .find(|section| format!("backend {section}").starts_with(&backend))
+            .map(|section| {
+                section
+                    .lines()
+                    .filter(|l| l.trim_start().starts_with("server "))
+                    .filter(|l| !l.contains(" disabled"))
+                    .map(|l| l.split_whitespace().nth(2).unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        answers.push(servers.join(", "));
+    }
+    answers.dedup();
+    Ok(Row {
+        case: "service-upstream: the one server is the Service's cluster IP".into(),
+        request: "each pod's configuration, through its Dataplane API".into(),
+        expected: wanted,
+        got: answers.join(" / "),
+    })
+}
+
+/// Every kind of protection haptic lacks: not served, and the Event says which and why.
+async fn refusal_rows(client: &kube::Client, namespace: &str, http: &reqwest::Client, env: &env::Manifest) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (name, kind, annotation, _) in refused_cases() {
+        let host = format!("{name}.example");
+        let answer = on_every_pod(http, env, &host, &get("/"), Look::Outcome).await;
+        let note = event_note(client, namespace, name, "Refused").await.unwrap_or_else(|| "no Refused Event".into());
+        let says = note.contains(annotation.as_str());
+        rows.push(Row {
+            case: format!("{kind}: not served, a Refused Event names {annotation}"),
+            request: format!("GET {host}/"),
+            expected: "404; Refused".into(),
+            got: if says { format!("{answer}; Refused") } else { format!("{answer}; {note}") },
+        });
+    }
+    rows
+}
+
+/// An ignored annotation is named in a Warning Event; another class's Ingress gets none.
+async fn warning_rows(client: &kube::Client, namespace: &str) -> Vec<Row> {
+    let note = event_note(client, namespace, "nx-ignored", "UnsupportedAnnotations").await.unwrap_or_default();
+    let named = note.contains(&nx("proxy-buffering")) && note.contains(&nx("enable-access-log"));
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let about_theirs = events
+        .list(&ListParams::default())
+        .await
+        .map(|list| {
+            list.items
+                .iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nx-theirs"))
+                .count()
+        })
+        .unwrap_or(usize::MAX);
+    vec![
+        Row {
+            case: "ignored annotations: a Warning Event UnsupportedAnnotations names each".into(),
+            request: "Ingress nx-ignored".into(),
+            expected: "UnsupportedAnnotations naming both".into(),
+            got: if named { "UnsupportedAnnotations naming both".into() } else { format!("{note:?}") },
+        },
+        Row {
+            case: "another class's Ingress (ingress-nginx's) gets no Event from haptic".into(),
+            request: "Ingress nx-theirs, class nginx, with auth-url".into(),
+            expected: "0 Events".into(),
+            got: format!("{about_theirs} Events"),
+        },
+    ]
+}
