@@ -199,7 +199,7 @@ mod tests {
                 "nginx.ingress.kubernetes.io/proxy-buffering": "on",
                 "cert-manager.io/cluster-issuer": "letsencrypt"}}}),
             json!({"kind": "Ingress", "metadata": {"namespace": "a", "name": "login", "annotations": {
-                "nginx.ingress.kubernetes.io/auth-url": "http://oauth2-proxy/oauth2/auth",
+                "nginx.ingress.kubernetes.io/auth-tls-secret": "oauth2-proxy/client-ca",
                 "nginx.ingress.kubernetes.io/limit-rps": "ten"}}}),
             json!({"kind": "Service", "metadata": {"namespace": "a", "name": "svc"}}),
         ];
@@ -214,7 +214,7 @@ mod tests {
             [
                 ("nginx.ingress.kubernetes.io/proxy-buffering", Outcome::Ignored),
                 ("nginx.ingress.kubernetes.io/proxy-read-timeout", Outcome::Same),
-                ("nginx.ingress.kubernetes.io/auth-url", Outcome::Refused),
+                ("nginx.ingress.kubernetes.io/auth-tls-secret", Outcome::Refused),
                 ("nginx.ingress.kubernetes.io/limit-rps", Outcome::Refused),
             ]
         );

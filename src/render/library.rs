@@ -1027,6 +1027,18 @@ pub(crate) fn service_address(service: &Value, wanted: &Value) -> Result<Value, 
     })]))
 }
 
+/// `ingress_annotation(ingress, setting)`: the value of the first of the setting's annotation
+/// names the Ingress sets (unchecked: for deciding, never for printing), else none.
+fn ingress_annotation(ingress: &Value, key: &str) -> Value {
+    let Some(annotations) = attr(ingress, "metadata").and_then(|metadata| attr(&metadata, "annotations")) else {
+        return Value::from(());
+    };
+    super::annotations::names_of(key)
+        .iter()
+        .find_map(|name| annotations.get_attr(name).ok().filter(|v| !v.is_undefined() && !v.is_none()))
+        .unwrap_or_else(|| Value::from(()))
+}
+
 /// Notes a Warning on an Ingress served without annotations of known controllers haptic does
 /// not implement (or does not know), naming each and why.
 fn note_ignored_annotations(state: &minijinja::State, ingress: &Value) {
@@ -1058,6 +1070,7 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
         Ok::<_, Error>(routes)
     });
     env.add_function("ingress_tls", |ingress: Value| ingress_tls(&ingress));
+    env.add_function("ingress_annotation", |ingress: Value, key: &str| ingress_annotation(&ingress, key));
     env.add_function("created_at", |object: Value| object_created(&object));
     env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
         super::annotations::ingress_settings(&ingress, snippets.unwrap_or(false), &class_parameters.unwrap_or_default())

@@ -52,6 +52,20 @@ pub fn start_backend_specs(dir: &Path, specs: &[String]) -> Result<Process> {
     Ok(Process(child))
 }
 
+/// Starts `auth_server.py` (oauth2-proxy's protocol) at `address:port` on the backend host.
+pub fn start_auth_server(dir: &Path, address: &str, port: u16) -> Result<Process> {
+    let host = &super::environment().backend_host;
+    let child = Command::new("ip")
+        .args(["netns", "exec", &host.namespace, "python3"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env/auth_server.py"))
+        .arg(format!("{address}:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("auth.log"))?)
+        .spawn()
+        .context("starting the auth server")?;
+    Ok(Process(child))
+}
+
 /// An Ingress `name` of the chart's class sending every path of `host` to port 80 of `service`.
 pub fn ingress_to(name: &str, host: &str, service: &str) -> Result<k8s_openapi::api::networking::v1::Ingress> {
     Ok(serde_json::from_value(json!({

@@ -17,7 +17,7 @@ use anyhow::{Result, ensure};
 use env::controller::ControllerProcess;
 use env::standalone::{
     apply_library_config_for_pods_with, backend_host_address, endpoint_slice, library_namespace,
-    service_with_endpoints, start_backend_specs,
+    service_with_endpoints, start_auth_server, start_backend_specs,
 };
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -51,6 +51,110 @@ fn case_ingress(case: &Case) -> Result<Ingress> {
         spec["tls"] = json!([{"hosts": [case.host], "secretName": "nginx-haptic-default-cert"}]);
     }
     Ok(serde_json::from_value(json!({"metadata": {"name": case.name, "annotations": case.annotations}, "spec": spec}))?)
+}
+
+/// External authentication against the auth server at `auth` (`address:port`), oauth2-proxy's
+/// protocol; `closed` a port nothing listens on.
+fn auth_cases(auth: &str, closed: &str) -> Vec<Case> {
+    let leak = |text: String| -> &'static str { Box::leak(text.into_boxed_str()) };
+    let url = leak(format!("http://{auth}/oauth2/auth"));
+    let post_only = leak(format!("http://{auth}/post-only/auth"));
+    let down = leak(format!("http://{closed}/oauth2/auth"));
+    let cookie = |user: &str| with_header(get("/"), "cookie", &format!("_oauth2_proxy={user}"));
+    let headers = "X-Auth-Request-User, X-Auth-Request-Email";
+    vec![
+        case(
+            "nx-ext-auth",
+            "web",
+            annotations(&[(nx("auth-url"), url), (nx("auth-response-headers"), headers)]),
+            vec![
+                ("auth-url: no session, 401", get("/"), Look::Outcome, "401"),
+                ("... a session: served", cookie("alice"), Look::Outcome, "200 web"),
+                (
+                    "... auth-response-headers reach the server",
+                    cookie("alice"),
+                    Look::Seen("header x-auth-request-user"),
+                    "200 header x-auth-request-user: alice",
+                ),
+                (
+                    "... a client's own X-Auth-Request-User is dropped",
+                    with_header(cookie("alice"), "x-auth-request-user", "mallory"),
+                    Look::Seen("header x-auth-request-user"),
+                    "200 header x-auth-request-user: alice",
+                ),
+                ("... the service's 403: 403", cookie("banned"), Look::Outcome, "403"),
+                (
+                    "... the service's Set-Cookie reaches the client",
+                    cookie("alice"),
+                    Look::Header("set-cookie"),
+                    "200 _oauth2_proxy=alice; Path=/; HttpOnly",
+                ),
+            ],
+        ),
+        case(
+            "nx-ext-signin",
+            "web",
+            annotations(&[
+                (nx("auth-url"), url),
+                (nx("auth-signin"), "https://$host/oauth2/start?rd=$escaped_request_uri"),
+            ]),
+            vec![(
+                "auth-signin with $host and $escaped_request_uri: no session, sent to sign in",
+                get("/p?q=1"),
+                Look::Outcome,
+                "302 https://nx-ext-signin.example/oauth2/start?rd=%2Fp%3Fq%3D1",
+            )],
+        ),
+        case(
+            "nx-ext-rd",
+            "web",
+            annotations(&[(nx("auth-url"), url), (nx("auth-signin"), "https://login.example/start")]),
+            vec![(
+                "auth-signin without rd: the original URL added as rd",
+                get("/p?q=1"),
+                Look::Outcome,
+                "302 https://login.example/start?rd=http://nx-ext-rd.example%2Fp%3Fq%3D1",
+            )],
+        ),
+        case(
+            "nx-ext-saw",
+            "web",
+            annotations(&[(nx("auth-url"), url), (nx("auth-response-headers"), "X-Auth-Saw")]),
+            vec![(
+                "the service is told the original URL, method, host and URI",
+                Ask { path: "/p?q=1", ..cookie("alice") },
+                Look::Seen("header x-auth-saw"),
+                "200 header x-auth-saw: X-Original-URL=http://nx-ext-saw.example/p?q=1 X-Original-Method=GET X-Forwarded-Host=nx-ext-saw.example X-Forwarded-Uri=/p?q=1",
+            )],
+        ),
+        case(
+            "nx-ext-post",
+            "web",
+            annotations(&[(nx("auth-url"), post_only), (nx("auth-method"), "POST")]),
+            vec![("auth-method POST: the service asked with POST", cookie("alice"), Look::Outcome, "200 web")],
+        ),
+        case(
+            "nx-ext-get",
+            "web",
+            annotations(&[(nx("auth-url"), post_only)]),
+            vec![("... asked with GET, the service's 405: 500", cookie("alice"), Look::Outcome, "500")],
+        ),
+        case(
+            "nx-ext-down",
+            "web",
+            annotations(&[(nx("auth-url"), down)]),
+            vec![("auth-url unreachable: 500, never served", cookie("alice"), Look::Outcome, "500")],
+        ),
+        case(
+            "ha-ext-auth",
+            "web",
+            annotations(&[("haproxy-ingress.github.io/auth-url".into(), url)]),
+            vec![
+                ("auth-url (haproxy-ingress): no session, 401", get("/"), Look::Outcome, "401"),
+                ("... a session: served", cookie("alice"), Look::Outcome, "200 web"),
+            ],
+        ),
+    ]
 }
 
 /// The rows of the plain cases: one Ingress each, asked as the row says.
@@ -427,7 +531,7 @@ fn cases(namespace: &str) -> Vec<Case> {
 /// names the annotation. Each routes to the Service every other Ingress shares.
 fn refused_cases() -> Vec<(&'static str, &'static str, String, &'static str)> {
     vec![
-        ("nx-ext-auth", "authentication (external auth)", nx("auth-url"), "http://auth.example/verify"),
+        ("nx-ext-snippet", "authentication (an nginx auth snippet)", nx("auth-snippet"), "proxy_set_header X 1;"),
         (
             "nx-oauth",
             "authentication (haproxy-ingress's oauth)",
@@ -533,6 +637,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     ];
     let _backends = start_backend_specs(dir, &specs)?;
     let _h2c = env::h2c::start(dir, "h2c_backends", &[format!("grpc={address}:{}", port(6))])?;
+    let _auth = start_auth_server(dir, &address, port(7))?;
     service_with_endpoints(&client, &namespace, "web", &address, port(0)).await?;
     service_with_endpoints(&client, &namespace, "pair", &address, port(1)).await?;
     service_with_endpoints(&client, &namespace, "secure", &address, port(5)).await?;
@@ -551,7 +656,8 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     secret(&client, &namespace, "wrong-ca", "Opaque", json!({"ca.crt": other_ca})).await?;
 
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
-    let mut cases = cases(&namespace);
+    let mut cases = auth_cases(&format!("{address}:{}", port(7)), &format!("{address}:{}", port(8)));
+    cases.extend(self::cases(&namespace));
     // Rate limits and service-upstream: asked below, not by the plain rows.
     let limits = [
         ("nx-rps", vec![(nx("limit-rps"), "3"), (nx("limit-burst-multiplier"), "1")]),

@@ -81,27 +81,21 @@ const fn ignored(key: &'static str, note: &'static str) -> Unsupported {
 
 use Protection::{Authentication, ClientCertificates, Firewall, RateLimit, Routing, Snippet};
 
-const EXTERNAL_AUTH: &str = "external authentication is not implemented yet";
 const CLIENT_CERTS: &str = "client certificate authentication is not implemented yet";
 const NGINX_SNIPPET: &str = "nginx configuration haptic cannot read; write it as haptic annotations";
 
 /// ingress-nginx's annotations haptic does not read (`nginx.ingress.kubernetes.io/`).
 static NGINX: &[Unsupported] = &[
-    refused("auth-url", Authentication, EXTERNAL_AUTH),
-    refused("auth-signin", Authentication, EXTERNAL_AUTH),
-    refused("auth-method", Authentication, EXTERNAL_AUTH),
-    refused("auth-response-headers", Authentication, EXTERNAL_AUTH),
-    refused("auth-request-redirect", Authentication, EXTERNAL_AUTH),
-    refused("auth-signin-redirect-param", Authentication, EXTERNAL_AUTH),
-    refused("auth-snippet", Authentication, EXTERNAL_AUTH),
-    refused("auth-cache-key", Authentication, EXTERNAL_AUTH),
-    refused("auth-cache-duration", Authentication, EXTERNAL_AUTH),
-    refused("auth-proxy-set-headers", Authentication, EXTERNAL_AUTH),
-    refused("auth-always-set-cookie", Authentication, EXTERNAL_AUTH),
-    refused("auth-keepalive", Authentication, EXTERNAL_AUTH),
-    refused("auth-keepalive-requests", Authentication, EXTERNAL_AUTH),
-    refused("auth-keepalive-timeout", Authentication, EXTERNAL_AUTH),
-    refused("auth-keepalive-share-vars", Authentication, EXTERNAL_AUTH),
+    ignored("auth-request-redirect", "X-Auth-Request-Redirect is the request's own URL"),
+    refused("auth-snippet", Snippet, NGINX_SNIPPET),
+    ignored("auth-cache-key", "every request is asked of the auth service (no cache)"),
+    ignored("auth-cache-duration", "every request is asked of the auth service (no cache)"),
+    ignored("auth-proxy-set-headers", "the auth service gets the request's own headers"),
+    ignored("auth-always-set-cookie", "the auth service's cookie is passed on its 2xx answers"),
+    ignored("auth-keepalive", "connections to the auth service are HAProxy's"),
+    ignored("auth-keepalive-requests", "connections to the auth service are HAProxy's"),
+    ignored("auth-keepalive-timeout", "connections to the auth service are HAProxy's"),
+    ignored("auth-keepalive-share-vars", "connections to the auth service are HAProxy's"),
     refused("auth-tls-secret", ClientCertificates, CLIENT_CERTS),
     refused_when_on("auth-tls-verify-client", ClientCertificates, CLIENT_CERTS),
     refused("auth-tls-verify-depth", ClientCertificates, CLIENT_CERTS),
@@ -191,12 +185,8 @@ static NGINX: &[Unsupported] = &[
 /// haproxy-ingress's annotations haptic does not read (`haproxy-ingress.github.io/`, and its
 /// legacy `ingress.kubernetes.io/`).
 static HAPROXY_INGRESS: &[Unsupported] = &[
-    refused("auth-url", Authentication, EXTERNAL_AUTH),
-    refused("auth-signin", Authentication, EXTERNAL_AUTH),
-    refused("auth-method", Authentication, EXTERNAL_AUTH),
-    refused("auth-headers-request", Authentication, EXTERNAL_AUTH),
-    refused("auth-headers-succeed", Authentication, EXTERNAL_AUTH),
-    refused("auth-headers-fail", Authentication, EXTERNAL_AUTH),
+    ignored("auth-headers-request", "the auth service gets every request header"),
+    ignored("auth-headers-fail", "a refusal is answered by haptic"),
     refused("oauth", Authentication, "OAuth through oauth2-proxy is not implemented yet"),
     refused("oauth-uri-prefix", Authentication, "OAuth through oauth2-proxy is not implemented yet"),
     refused("oauth-headers", Authentication, "OAuth through oauth2-proxy is not implemented yet"),
@@ -333,7 +323,7 @@ mod tests {
     #[test]
     fn protections_haptic_lacks_refuse_and_the_rest_are_ignored_or_read() {
         let nginx = |key: &str| format!("{}{key}", nginx::PREFIX);
-        assert!(matches!(verdict(&nginx("auth-url"), "http://auth"), Verdict::Refused(Authentication, _)));
+        assert_eq!(verdict(&nginx("auth-url"), "http://auth"), Verdict::Read("auth-url"));
         assert!(matches!(verdict(&nginx("auth-tls-verify-client"), "on"), Verdict::Refused(ClientCertificates, _)));
         assert!(matches!(verdict(&nginx("auth-tls-verify-client"), "off"), Verdict::Ignored(_)));
         assert!(matches!(verdict(&nginx("enable-modsecurity"), "true"), Verdict::Refused(Firewall, _)));

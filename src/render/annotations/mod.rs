@@ -152,6 +152,17 @@ pub(crate) static SETTINGS: &[Setting] = &[
         &["allow-list", "whitelist"],
     ),
     setting("deny-list", Kind::Cidrs, Some("deny-list"), &["denylist-source-range"], &["deny-list", "blacklist"]),
+    setting("auth-url", Kind::RequestUrl, Some("auth-url"), &["auth-url"], &[]),
+    setting(
+        "auth-method",
+        Kind::OneOf(&["get", "post", "head", "put", "delete"]),
+        Some("auth-method"),
+        &["auth-method"],
+        &[],
+    ),
+    setting("auth-signin", Kind::RequestUrl, Some("auth-signin"), &["auth-signin"], &[]),
+    setting("auth-signin-redirect-param", Kind::Token, Some("auth-signin-redirect-param"), &[], &[]),
+    setting("auth-response-headers", Kind::HeaderNames, Some("auth-response-headers"), &["auth-headers-succeed"], &[]),
     setting("auth-type", Kind::OneOf(&["basic", "basic-auth"]), Some("auth-type"), &["auth-type"], &["auth-type"]),
     setting("auth-secret", Kind::SecretName, Some("auth-secret"), &["auth-secret"], &["auth-secret"]),
     setting("auth-secret-type", Kind::OneOf(&["auth-file", "auth-map"]), Some("auth-secret-type"), &[], &[]),
@@ -433,6 +444,9 @@ impl Kind {
                     .into()
             }
             Kind::Hosts => "host names, comma-separated".into(),
+            Kind::RequestUrl => {
+                "an http(s) URL; `$host`, `$scheme`, `$request_uri`, `$escaped_request_uri` name the request's".into()
+            }
             Kind::Origins => "`*`, or origins (`https://app.example`, `https://*.example.com`), comma-separated".into(),
         }
     }
@@ -660,7 +674,7 @@ mod tests {
             )
         };
         for name in [
-            "haproxy-ingress.github.io/auth-url",
+            "haproxy-ingress.github.io/waf",
             "ingress.kubernetes.io/oauth",
             "nginx.ingress.kubernetes.io/auth-tls-secret",
         ] {

@@ -52,6 +52,9 @@ pub(crate) enum Kind {
     Hosts,
     /// `*`, or origins (`https://app.example`, `https://*.example.com:8443`), comma-separated.
     Origins,
+    /// An http(s) URL that may name parts of the request as nginx variables (`$host`,
+    /// `$scheme`, `$request_uri`, `$escaped_request_uri`): `[as written, as log-format]`.
+    RequestUrl,
 }
 
 fn safe(text: String) -> Value {
@@ -131,6 +134,7 @@ pub(super) fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
         Kind::HashBy => check_hash_by(value)?,
         Kind::Hosts => check_hosts(value)?,
         Kind::Origins => check_origins(value)?,
+        Kind::RequestUrl => check_request_url(value)?,
     }))
 }
 
@@ -427,4 +431,54 @@ fn check_origins(value: &str) -> Result<Value, String> {
         ("exact", Value::from(exact)),
         ("patterns", Value::from(patterns)),
     ])))
+}
+
+/// The nginx variables a request URL may name, and the HAProxy expression of each.
+const URL_VARIABLES: &[(&str, &str)] = &[
+    ("escaped_request_uri", "%[pathq,url_enc]"),
+    ("request_uri", "%[pathq]"),
+    ("best_http_host", "%[req.hdr(host)]"),
+    ("http_host", "%[req.hdr(host)]"),
+    ("host", "%[req.hdr(host),field(1,:)]"),
+    ("pass_access_scheme", "%[ssl_fc,iif(https,http)]"),
+    ("scheme", "%[ssl_fc,iif(https,http)]"),
+];
+
+/// An http(s) URL naming parts of the request as nginx variables: `[the URL quoted as one
+/// word (external auth's Lua fills the variables in), the URL as a quoted log-format string,
+/// the same unquoted (for a template to add to, inside its own double quotes)]`.
+/// Its host, when an address, may not be the pod's own (loopback, link-local, unspecified).
+fn check_request_url(value: &str) -> Result<Value, String> {
+    let rest = value
+        .strip_prefix("https://")
+        .or_else(|| value.strip_prefix("http://"))
+        .ok_or("the value is not an http:// or https:// URL")?;
+    if value.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '\'' | '\\' | '%' | '#')) {
+        return Err("the value holds a space, a quote, a backslash, a % or a #, which a URL here may not".into());
+    }
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host).trim_matches(['[', ']']);
+    if let Ok(ip) = host.parse::<std::net::IpAddr>()
+        && (ip.is_loopback() || ip.is_unspecified() || matches!(ip, std::net::IpAddr::V4(v4) if v4.is_link_local()))
+    {
+        return Err("the value names the pod itself or a link-local address".into());
+    }
+    let mut format = String::new();
+    let mut text = value;
+    while let Some(at) = text.find('$') {
+        format.push_str(&text[..at]);
+        let after = &text[at + 1..];
+        let (name, expression) = URL_VARIABLES
+            .iter()
+            .find(|(name, _)| after.starts_with(name))
+            .ok_or("the value names an nginx variable haptic does not know ($host, $scheme, $request_uri, $escaped_request_uri)")?;
+        format.push_str(expression);
+        text = &after[name.len()..];
+    }
+    format.push_str(text);
+    Ok(Value::from(vec![
+        safe(filters::haproxy_quote(value).map_err(text_error)?),
+        safe(format!("\"{format}\"")),
+        safe(format),
+    ]))
 }
