@@ -199,6 +199,9 @@ pub(crate) struct Route {
     passthrough: bool,
     /// For a www twin (`from-to-www-redirect`), the host it redirects to; none otherwise.
     www_of: Value,
+    /// Whether its Ingress is a canary (`canary`): its routes take requests from another
+    /// Ingress's routes of the same host and path, not from the maps.
+    canary: bool,
     /// Its Ingress's fingerprint with the rule and path indexes: everything above follows from
     /// them (none when the Ingress has no fingerprint).
     fingerprint: Option<super::memo::Fingerprint>,
@@ -280,6 +283,7 @@ impl Object for Route {
             "backend" => self.backend.clone(),
             "passthrough" => Value::from(self.passthrough),
             "www_of" => self.www_of.clone(),
+            "canary" => Value::from(self.canary),
             _ => return None,
         })
     }
@@ -304,6 +308,7 @@ impl Object for Route {
             "backend",
             "passthrough",
             "www_of",
+            "canary",
         ])
     }
 }
@@ -421,12 +426,10 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
             .map_err(super::annotations::AnnotationError::into_render_error)?;
     }
     let extras = HostExtras::of(annotations.as_ref())?;
-    let passthrough = annotations.as_ref().is_some_and(|annotations| {
-        super::annotations::PASSTHROUGH_NAMES.iter().any(|name| {
-            annotations.get_attr(name).ok().and_then(|v| v.as_str().map(|v| v.trim().eq_ignore_ascii_case("true")))
-                == Some(true)
-        })
-    });
+    let switched_on =
+        |key: &str| ingress_annotation(ingress, key).as_str().is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let passthrough = switched_on("ssl-passthrough");
+    let canary = switched_on("canary");
     let own_backends =
         annotations.as_ref().and_then(|annotations| annotations.try_iter().ok()).is_some_and(|mut keys| {
             keys.any(|key| {
@@ -440,6 +443,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
         ingress_fingerprint: super::memo::fingerprint(ingress),
         created: created_at(metadata.as_ref()),
         passthrough,
+        canary,
     };
     let mut routes = Vec::new();
     let rules = attr(ingress, "spec").and_then(|spec| attr(&spec, "rules"));
@@ -532,6 +536,7 @@ struct RouteMaker<'a> {
     ingress_fingerprint: Option<super::memo::Fingerprint>,
     created: u32,
     passthrough: bool,
+    canary: bool,
 }
 
 impl RouteMaker<'_> {
@@ -571,6 +576,7 @@ impl RouteMaker<'_> {
             id: Value::from(id),
             backend: Value::from(backend),
             passthrough: self.passthrough,
+            canary: self.canary,
             www_of: www_of.map(Value::from).unwrap_or_else(|| Value::from(())),
             fingerprint: self.ingress_fingerprint.map(|ingress| {
                 super::memo::combine(|digest| {

@@ -14,7 +14,7 @@ pub use annotations::{Judgement, Outcome, judge as judge_annotation};
 /// Every annotation name of one of the default library's settings (`ssl-redirect`, say), in
 /// precedence order: haptic's, haproxy-ingress's, haproxytech's (docs/annotations.md).
 pub fn annotation_names(setting: &str) -> Vec<String> {
-    annotations::names_of(setting)
+    annotations::names_of(setting).to_vec()
 }
 mod context;
 

@@ -157,6 +157,115 @@ fn auth_cases(auth: &str, closed: &str) -> Vec<Case> {
     ]
 }
 
+/// Canary pairs: a main Ingress to `web` and a canary Ingress of the same host and path to
+/// `canary`, each host one pair (the canary's rows are asked by `canary_rows`).
+fn canary_pairs() -> Vec<(Case, Case)> {
+    let pair = |host: &'static str, pairs: &[(String, &'static str)]| {
+        let main = case(host, "web", annotations(&[]), Vec::new());
+        let mut with_canary = vec![(nx("canary"), "true")];
+        with_canary.extend(pairs.iter().cloned());
+        let mut canary =
+            case(Box::leak(format!("{host}-canary").into_boxed_str()), "canary", annotations(&with_canary), Vec::new());
+        canary.host = main.host;
+        (main, canary)
+    };
+    vec![
+        pair(
+            "nx-canary",
+            &[(nx("canary-by-header"), "X-Canary"), (nx("canary-by-cookie"), "canary"), (nx("canary-weight"), "30")],
+        ),
+        pair(
+            "nx-canary-value",
+            &[(nx("canary-by-header"), "X-Version"), (nx("canary-by-header-value"), "v2"), (nx("canary-weight"), "0")],
+        ),
+        pair(
+            "nx-canary-pattern",
+            &[(nx("canary-by-header"), "X-Version"), (nx("canary-by-header-pattern"), "^v[2-9]$")],
+        ),
+        pair("nx-canary-all", &[(nx("canary-weight"), "5"), (nx("canary-weight-total"), "5")]),
+    ]
+}
+
+/// Which backend each pod's `count` answers came from, as `<canary share>%` per pod.
+async fn canary_share(http: &reqwest::Client, env: &env::Manifest, host: &str, ask: &Ask, count: usize) -> Vec<f64> {
+    let mut shares = Vec::new();
+    for pod in &env.pods {
+        let mut canary = 0;
+        for _ in 0..count {
+            if probe(http, pod, host, ask, Look::Outcome).await == "200 canary" {
+                canary += 1;
+            }
+        }
+        shares.push(100.0 * canary as f64 / count as f64);
+    }
+    shares
+}
+
+/// The canaries, asked.
+async fn canary_rows(http: &reqwest::Client, env: &env::Manifest) -> Vec<Row> {
+    let header = |name: &'static str, value: &str| with_header(get("/"), name, value);
+    let mut rows = Vec::new();
+    for (case, host, ask, expected) in [
+        ("canary-by-header always: the canary", "nx-canary.example", header("x-canary", "always"), "200 canary"),
+        (
+            "canary-by-header never: the main Ingress, whatever the cookie says",
+            "nx-canary.example",
+            with_header(header("x-canary", "never"), "cookie", "canary=always"),
+            "200 web",
+        ),
+        ("canary-by-cookie always: the canary", "nx-canary.example", header("cookie", "canary=always"), "200 canary"),
+        ("canary-by-header-value v2: the canary", "nx-canary-value.example", header("x-version", "v2"), "200 canary"),
+        (
+            "... another value, and weight 0: the main Ingress",
+            "nx-canary-value.example",
+            header("x-version", "v1"),
+            "200 web",
+        ),
+        (
+            "canary-by-header-pattern ^v[2-9]$: v3 to the canary",
+            "nx-canary-pattern.example",
+            header("x-version", "v3"),
+            "200 canary",
+        ),
+        ("... v1 to the main Ingress", "nx-canary-pattern.example", header("x-version", "v1"), "200 web"),
+    ] {
+        let got = on_every_pod(http, env, host, &ask, Look::Outcome).await;
+        rows.push(Row { case: case.into(), request: format!("GET {host}/"), expected: expected.into(), got });
+    }
+    let shares = canary_share(http, env, "nx-canary.example", &header("cookie", "canary=never"), 50).await;
+    rows.push(Row {
+        case: "canary-by-cookie never: never the canary, whatever the weight".into(),
+        request: "GET nx-canary.example/ ×50 per pod".into(),
+        expected: "0% to the canary".into(),
+        got: if shares.iter().all(|s| *s == 0.0) { "0% to the canary".into() } else { format!("{shares:?}") },
+    });
+    let shares = canary_share(http, env, "nx-canary.example", &get("/"), 1000).await;
+    let within = shares.iter().all(|s| (27.0..=33.0).contains(s));
+    let shown: Vec<String> = shares.iter().map(|s| format!("{s:.1}%")).collect();
+    rows.push(Row {
+        case: "canary-weight 30: the share of 1,000 requests per pod, within ±3%".into(),
+        request: "GET nx-canary.example/ ×1000 per pod".into(),
+        expected: "27% to 33% on every pod".into(),
+        got: if within { "27% to 33% on every pod".into() } else { shown.join(", ") },
+    });
+    println!("canary-weight 30 over 1,000 requests, per pod: {}", shown.join(", "));
+    let shares = canary_share(http, env, "nx-canary-all.example", &get("/"), 50).await;
+    rows.push(Row {
+        case: "canary-weight 5 of canary-weight-total 5: every request".into(),
+        request: "GET nx-canary-all.example/ ×50 per pod".into(),
+        expected: "100% to the canary".into(),
+        got: if shares.iter().all(|s| *s == 100.0) { "100% to the canary".into() } else { format!("{shares:?}") },
+    });
+    let got = on_every_pod(http, env, "nx-lone-canary.example", &get("/"), Look::Outcome).await;
+    rows.push(Row {
+        case: "a canary without a main Ingress of its host and path: not served".into(),
+        request: "GET nx-lone-canary.example/".into(),
+        expected: "404".into(),
+        got,
+    });
+    rows
+}
+
 /// The rows of the plain cases: one Ingress each, asked as the row says.
 fn cases(namespace: &str) -> Vec<Case> {
     let ok = |b: &str| format!("200 {b}");
@@ -542,7 +651,7 @@ fn refused_cases() -> Vec<(&'static str, &'static str, String, &'static str)> {
         ("nx-waf", "a web application firewall", nx("enable-modsecurity"), "true"),
         ("nx-global-limit", "rate limits (global, memcached)", nx("global-rate-limit"), "100"),
         ("nx-snippet", "configuration in nginx's language", nx("configuration-snippet"), "deny all;"),
-        ("nx-canary", "routing (canary)", nx("canary"), "true"),
+        ("nx-regex", "routing (regular expression paths)", nx("use-regex"), "true"),
         ("nx-digest", "authentication (digest, a value haptic cannot serve)", nx("auth-type"), "digest"),
         (
             "nx-patterns",
@@ -634,6 +743,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
         format!("pa={address}:{}", port(1)),
         format!("pb={address}:{}", port(2)),
         format!("secure={address}:{}={}", port(5), dir.join("backend.pem").display()),
+        format!("canary={address}:{}", port(9)),
     ];
     let _backends = start_backend_specs(dir, &specs)?;
     let _h2c = env::h2c::start(dir, "h2c_backends", &[format!("grpc={address}:{}", port(6))])?;
@@ -642,6 +752,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     service_with_endpoints(&client, &namespace, "pair", &address, port(1)).await?;
     service_with_endpoints(&client, &namespace, "secure", &address, port(5)).await?;
     service_with_endpoints(&client, &namespace, "grpc", &address, port(6)).await?;
+    service_with_endpoints(&client, &namespace, "canary", &address, port(9)).await?;
     Api::<EndpointSlice>::namespaced(client.clone(), &namespace)
         .create(&PostParams::default(), &endpoint_slice("pair-2", "pair", &address, port(2))?)
         .await?;
@@ -675,6 +786,17 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     for case in &cases {
         ingresses.create(&PostParams::default(), &case_ingress(case)?).await?;
     }
+    for (main, canary) in canary_pairs() {
+        ingresses.create(&PostParams::default(), &case_ingress(&main)?).await?;
+        ingresses.create(&PostParams::default(), &case_ingress(&canary)?).await?;
+    }
+    let lone = case(
+        "nx-lone-canary",
+        "canary",
+        annotations(&[(nx("canary"), "true"), (nx("canary-weight"), "100")]),
+        Vec::new(),
+    );
+    ingresses.create(&PostParams::default(), &case_ingress(&lone)?).await?;
     for (name, _, annotation, value) in refused_cases() {
         let refused = case(name, "web", annotations(&[(annotation, value)]), Vec::new());
         ingresses.create(&PostParams::default(), &case_ingress(&refused)?).await?;
@@ -716,6 +838,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
         }
     }
     rows.extend(routing_rows(&http, env).await);
+    rows.extend(canary_rows(&http, env).await);
     rows.push(
         limit_row(
             &http,

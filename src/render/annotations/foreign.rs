@@ -113,13 +113,6 @@ static NGINX: &[Unsupported] = &[
     refused("configuration-snippet", Snippet, NGINX_SNIPPET),
     refused("server-snippet", Snippet, NGINX_SNIPPET),
     refused("stream-snippet", Snippet, NGINX_SNIPPET),
-    refused_when_on("canary", Routing, "canary routing is not implemented yet; the main Ingress serves every request"),
-    ignored("canary-by-header", "read only on a canary Ingress"),
-    ignored("canary-by-header-value", "read only on a canary Ingress"),
-    ignored("canary-by-header-pattern", "read only on a canary Ingress"),
-    ignored("canary-by-cookie", "read only on a canary Ingress"),
-    ignored("canary-weight", "read only on a canary Ingress"),
-    ignored("canary-weight-total", "read only on a canary Ingress"),
     refused_when_on("use-regex", Routing, "regular expression paths are not implemented yet"),
     refused(
         "rewrite-target",
@@ -129,7 +122,7 @@ static NGINX: &[Unsupported] = &[
     ignored("satisfy", "haptic asks every check (satisfy all)"),
     ignored("enable-global-auth", "haptic has no global external authentication"),
     ignored("affinity-mode", "HAProxy's cookie keeps a session on its server (persistent)"),
-    ignored("affinity-canary-behavior", "no canaries"),
+    ignored("affinity-canary-behavior", "a canary's sessions are not kept on it (legacy)"),
     ignored("session-cookie-path", "HAProxy's cookie has the path /"),
     ignored("session-cookie-change-on-failure", "a failed server's sessions go elsewhere (redispatch)"),
     ignored("session-cookie-conditional-samesite-none", "browser sniffing is not done"),
@@ -330,7 +323,7 @@ mod tests {
         assert!(matches!(verdict(&nginx("enable-modsecurity"), "false"), Verdict::Ignored(_)));
         assert!(matches!(verdict(&nginx("global-rate-limit"), "10"), Verdict::Refused(RateLimit, _)));
         assert!(matches!(verdict(&nginx("configuration-snippet"), "deny all;"), Verdict::Refused(Snippet, _)));
-        assert!(matches!(verdict(&nginx("canary"), "true"), Verdict::Refused(Routing, _)));
+        assert_eq!(verdict(&nginx("canary"), "true"), Verdict::Read("canary"));
         assert_eq!(verdict(&nginx("whitelist-source-range"), "10.0.0.0/8"), Verdict::Read("allow-list"));
         assert_eq!(verdict(&nginx("limit-rps"), "5"), Verdict::Read("rate-limit-rps"));
         assert!(matches!(verdict(&nginx("proxy-buffering"), "on"), Verdict::Ignored(_)));

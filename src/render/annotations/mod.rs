@@ -213,6 +213,13 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("redirect-code", Kind::Status(REDIRECT_CODES), Some("redirect-code"), &[], &["request-redirect-code"]),
     setting("proxy-body-size", Kind::Size, Some("proxy-body-size"), &["proxy-body-size"], &[]),
     setting("app-root", Kind::Path, Some("app-root"), &["app-root"], &[]),
+    setting("canary", Kind::Bool, Some("canary"), &[], &[]),
+    setting("canary-by-header", Kind::Token, Some("canary-by-header"), &[], &[]),
+    setting("canary-by-header-value", Kind::Text, Some("canary-by-header-value"), &[], &[]),
+    setting("canary-by-header-pattern", Kind::Regex, Some("canary-by-header-pattern"), &[], &[]),
+    setting("canary-by-cookie", Kind::Token, Some("canary-by-cookie"), &[], &[]),
+    setting("canary-weight", Kind::Weight(1_000_000), Some("canary-weight"), &[], &[]),
+    setting("canary-weight-total", Kind::Count(1_000_000), Some("canary-weight-total"), &[], &[]),
     setting("from-to-www-redirect", Kind::Bool, Some("from-to-www-redirect"), &[], &[]),
     setting("server-alias", Kind::Hosts, Some("server-alias"), &["server-alias"], &[]),
     setting("service-upstream", Kind::Bool, Some("service-upstream"), &[], &[]),
@@ -267,10 +274,6 @@ pub(crate) fn ingress_settings(ingress: &Value, snippets: bool, class_parameters
     read(&found, &defaults, snippets).map(Settings::into_value).map_err(AnnotationError::into_render_error)
 }
 
-/// The names of the ssl-passthrough setting, which decides where an Ingress's routes go (the TLS
-/// frontend, not the HTTP maps) and so is read with the routes.
-pub(crate) static PASSTHROUGH_NAMES: LazyLock<Vec<String>> = LazyLock::new(|| names_of("ssl-passthrough"));
-
 /// Each setting's annotation names, in precedence order (index as in [`SETTINGS`]).
 static SETTING_NAMES: LazyLock<Vec<Vec<String>>> = LazyLock::new(|| SETTINGS.iter().map(annotation_names).collect());
 
@@ -289,8 +292,12 @@ static ALL_SETTING_NAMES: LazyLock<std::collections::HashMap<&'static str, &'sta
 static NO_SETTINGS: LazyLock<Value> = LazyLock::new(|| Settings::default().into_value());
 
 /// The annotation names of the setting `key`, in precedence order (none for an unknown key).
-pub(crate) fn names_of(key: &str) -> Vec<String> {
-    SETTINGS.iter().position(|setting| setting.key == key).map(|index| SETTING_NAMES[index].clone()).unwrap_or_default()
+pub(crate) fn names_of(key: &str) -> &'static [String] {
+    SETTINGS
+        .iter()
+        .position(|setting| setting.key == key)
+        .map(|index| SETTING_NAMES[index].as_slice())
+        .unwrap_or_default()
 }
 
 /// The annotation names of one setting, in precedence order.
@@ -424,6 +431,8 @@ impl Kind {
             Kind::Duration => "HAProxy time (`30s`, `500ms`)".into(),
             Kind::Seconds => "seconds, or a time (`1h`)".into(),
             Kind::Count(bound) => format!("1 to {bound}"),
+            Kind::Weight(bound) => format!("0 to {bound}"),
+            Kind::Regex => "a regular expression".into(),
             Kind::Status(codes) => codes.iter().map(u16::to_string).collect::<Vec<_>>().join(", "),
             Kind::OneOf(words) => words.join(", "),
             Kind::Cidrs => "addresses and networks, comma-separated".into(),
@@ -727,12 +736,6 @@ mod tests {
             .expect("docs/annotations.md");
         let table = markdown_table();
         assert!(doc.contains(&table), "docs/annotations.md must hold this table (regenerate it):\n{table}");
-    }
-
-    #[test]
-    fn the_passthrough_names_are_the_settings_names() {
-        let setting = SETTINGS.iter().find(|s| s.key == "ssl-passthrough").expect("ssl-passthrough");
-        assert_eq!(annotation_names(setting), *PASSTHROUGH_NAMES);
     }
 
     #[test]

@@ -16,6 +16,10 @@ pub(crate) enum Kind {
     Seconds,
     /// A whole number from 1 to the bound.
     Count(u64),
+    /// A whole number from 0 to the bound.
+    Weight(u64),
+    /// A regular expression (quoted for HAProxy).
+    Regex,
     /// One of these HTTP statuses.
     Status(&'static [u16]),
     /// One of these words (compared without case).
@@ -90,6 +94,17 @@ pub(super) fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
                 .filter(|n| (1..=bound).contains(n))
                 .ok_or(format!("the value is not a whole number from 1 to {bound}"))?,
         ),
+        Kind::Weight(bound) => Value::from(
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n <= bound)
+                .ok_or(format!("the value is not a whole number from 0 to {bound}"))?,
+        ),
+        Kind::Regex => {
+            regex::Regex::new(value).map_err(|_| "the value is not a regular expression")?;
+            safe(filters::haproxy_quote(value).map_err(text_error)?)
+        }
         Kind::Status(allowed) => {
             Value::from(value.parse::<u16>().ok().filter(|code| allowed.contains(code)).ok_or_else(|| {
                 format!("the value is not one of {}", allowed.iter().map(u16::to_string).collect::<Vec<_>>().join(", "))
