@@ -199,7 +199,7 @@ mod tests {
                 "nginx.ingress.kubernetes.io/proxy-buffering": "on",
                 "cert-manager.io/cluster-issuer": "letsencrypt"}}}),
             json!({"kind": "Ingress", "metadata": {"namespace": "a", "name": "login", "annotations": {
-                "nginx.ingress.kubernetes.io/auth-tls-secret": "oauth2-proxy/client-ca",
+                "nginx.ingress.kubernetes.io/modsecurity-snippet": "SecRule oauth2-proxy",
                 "nginx.ingress.kubernetes.io/limit-rps": "ten"}}}),
             json!({"kind": "Service", "metadata": {"namespace": "a", "name": "svc"}}),
         ];
@@ -214,8 +214,8 @@ mod tests {
             [
                 ("nginx.ingress.kubernetes.io/proxy-buffering", Outcome::Ignored),
                 ("nginx.ingress.kubernetes.io/proxy-read-timeout", Outcome::Same),
-                ("nginx.ingress.kubernetes.io/auth-tls-secret", Outcome::Refused),
                 ("nginx.ingress.kubernetes.io/limit-rps", Outcome::Refused),
+                ("nginx.ingress.kubernetes.io/modsecurity-snippet", Outcome::Refused),
             ]
         );
         assert!(!report.table().contains("oauth2-proxy"), "values never reach the report");

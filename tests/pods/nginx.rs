@@ -266,6 +266,187 @@ async fn canary_rows(http: &reqwest::Client, env: &env::Manifest) -> Vec<Row> {
     rows
 }
 
+/// Client certificates: a certificate of `subject` signed by the CA `ca` (certificate, key),
+/// as one PEM of certificate and key.
+fn client_certificate(dir: &std::path::Path, ca: &(String, String), subject: &str) -> Result<String> {
+    let run = |args: &[&str]| -> Result<()> {
+        let done = std::process::Command::new("openssl").args(args).current_dir(dir).output()?;
+        ensure!(done.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&done.stderr));
+        Ok(())
+    };
+    std::fs::write(dir.join("signing-ca.crt"), &ca.0)?;
+    std::fs::write(dir.join("signing-ca.key"), &ca.1)?;
+    run(&[
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        &format!("/CN={subject}"),
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+    ])?;
+    // Extensions make it a version 3 certificate, which rustls insists on.
+    std::fs::write(dir.join("client.ext"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "signing-ca.crt",
+        "-CAkey",
+        "signing-ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "client.ext",
+        "-out",
+        "client.crt",
+    ])?;
+    Ok(format!(
+        "{}{}",
+        std::fs::read_to_string(dir.join("client.crt"))?,
+        std::fs::read_to_string(dir.join("client.key"))?
+    ))
+}
+
+/// The Ingresses asking for client certificates (the CA in the Secret `client-ca`).
+fn mtls_cases(namespace: &str) -> Vec<Case> {
+    let ca = Box::leak(format!("{namespace}/client-ca").into_boxed_str()) as &'static str;
+    let mtls = |name: &'static str, more: &[(String, &'static str)]| {
+        let mut pairs = vec![(nx("auth-tls-secret"), ca)];
+        pairs.extend(more.iter().cloned());
+        with_tls(case(name, "web", annotations(&pairs), Vec::new()))
+    };
+    vec![
+        mtls(
+            "nx-mtls-on",
+            &[(nx("auth-tls-verify-client"), "on"), (nx("auth-tls-pass-certificate-to-upstream"), "true")],
+        ),
+        mtls("nx-mtls-optional", &[(nx("auth-tls-verify-client"), "optional")]),
+        mtls("nx-mtls-noca", &[(nx("auth-tls-verify-client"), "optional_no_ca")]),
+        mtls("nx-mtls-cn", &[(nx("auth-tls-match-cn"), "CN=client-a")]),
+        mtls("nx-mtls-page", &[(nx("auth-tls-error-page"), "https://errors.example/certificate")]),
+    ]
+}
+
+/// An HTTPS request to `host` on every pod, with the client certificate `identity` (PEM) or
+/// none: the status, or a redirect's Location, or the line of the echo starting with `seen`.
+async fn with_certificate(env: &env::Manifest, host: &str, identity: Option<&str>, seen: Option<&str>) -> String {
+    env::on_every_pod(&env.pods, |pod| async move {
+        let address: std::net::SocketAddr = match format!("{}:8443", pod.ip).parse() {
+            Ok(address) => address,
+            Err(error) => return error.to_string(),
+        };
+        let mut builder = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .resolve_to_addrs(host, &[address])
+            .timeout(Duration::from_secs(10));
+        if let Some(pem) = identity {
+            match reqwest::Identity::from_pem(pem.as_bytes()) {
+                Ok(identity) => builder = builder.identity(identity),
+                Err(error) => return format!("identity: {error}"),
+            }
+        }
+        let client = match builder.build() {
+            Ok(client) => client,
+            Err(error) => return format!("no client: {error:?}"),
+        };
+        let request = client.get(format!("https://{host}:8443/")).header("ssl-client-verify", "forged");
+        match request.send().await {
+            Err(error) => format!("error: {error}"),
+            Ok(answer) => {
+                let status = answer.status().as_u16();
+                let location =
+                    answer.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+                let body = answer.text().await.unwrap_or_default();
+                match seen {
+                    Some(prefix) => {
+                        format!("{status} {}", body.lines().find(|l| l.starts_with(prefix)).unwrap_or("(none)"))
+                    }
+                    None if location.is_empty() => status.to_string(),
+                    None => format!("{status} {location}"),
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// The client certificate rows: a valid one, none, one of another CA, per verify mode.
+async fn mtls_rows(env: &env::Manifest, good: &str, other: &str, stranger: &str) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let checks: Vec<(&str, &str, Option<&str>, Option<&str>, &str)> = vec![
+        ("auth-tls-verify-client on: the CA's certificate accepted", "nx-mtls-on.example", Some(good), None, "200"),
+        (
+            "... the server is told SUCCESS (a client's own header dropped)",
+            "nx-mtls-on.example",
+            Some(good),
+            Some("header ssl-client-verify"),
+            "200 header ssl-client-verify: SUCCESS",
+        ),
+        (
+            "... and the subject",
+            "nx-mtls-on.example",
+            Some(good),
+            Some("header ssl-client-subject-dn"),
+            "200 header ssl-client-subject-dn: CN=client-a",
+        ),
+        (
+            "... auth-tls-pass-certificate-to-upstream: the certificate",
+            "nx-mtls-on.example",
+            Some(good),
+            Some("header ssl-client-cert: -----BEGIN%20CERTIFICATE-----%0AMII"),
+            "200 CERT",
+        ),
+        ("... no certificate: refused 400", "nx-mtls-on.example", None, None, "400"),
+        ("... another CA's certificate: refused 400", "nx-mtls-on.example", Some(stranger), None, "400"),
+        (
+            "auth-tls-verify-client optional: no certificate accepted, NONE",
+            "nx-mtls-optional.example",
+            None,
+            Some("header ssl-client-verify"),
+            "200 header ssl-client-verify: NONE",
+        ),
+        ("... another CA's certificate: refused 400", "nx-mtls-optional.example", Some(stranger), None, "400"),
+        (
+            "auth-tls-verify-client optional_no_ca: another CA's accepted, FAILED told",
+            "nx-mtls-noca.example",
+            Some(stranger),
+            Some("header ssl-client-verify: FAILED"),
+            "200 FAILED",
+        ),
+        ("auth-tls-match-cn CN=client-a: client-a accepted", "nx-mtls-cn.example", Some(good), None, "200"),
+        ("... client-b (the same CA) refused 403", "nx-mtls-cn.example", Some(other), None, "403"),
+        (
+            "auth-tls-error-page: a refused certificate sent to the page",
+            "nx-mtls-page.example",
+            Some(stranger),
+            None,
+            "302 https://errors.example/certificate",
+        ),
+    ];
+    for (case, host, identity, seen, expected) in checks {
+        let mut got = with_certificate(env, host, identity, seen).await;
+        // Only the start of a certificate or a failure's code is compared.
+        if expected == "200 CERT" && got.starts_with("200 header ssl-client-cert: -----BEGIN%20CERTIFICATE-----%0AMII")
+        {
+            got = "200 CERT".into();
+        }
+        if expected == "200 FAILED" && got.starts_with("200 header ssl-client-verify: FAILED:") {
+            got = "200 FAILED".into();
+        }
+        rows.push(Row { case: case.into(), request: format!("GET https://{host}/"), expected: expected.into(), got });
+    }
+    rows
+}
+
 /// The rows of the plain cases: one Ingress each, asked as the row says.
 fn cases(namespace: &str) -> Vec<Case> {
     let ok = |b: &str| format!("200 {b}");
@@ -647,7 +828,13 @@ fn refused_cases() -> Vec<(&'static str, &'static str, String, &'static str)> {
             "haproxy-ingress.github.io/oauth".into(),
             "oauth2_proxy",
         ),
-        ("nx-mtls", "client certificates", nx("auth-tls-secret"), "default/ca"),
+        ("nx-mtls-elsewhere", "client certificates (a CA of another namespace)", nx("auth-tls-secret"), "default/ca"),
+        (
+            "nx-mtls-strict",
+            "client certificates (haproxy-ingress's strict mode)",
+            "haproxy-ingress.github.io/auth-tls-strict".into(),
+            "true",
+        ),
         ("nx-waf", "a web application firewall", nx("enable-modsecurity"), "true"),
         ("nx-global-limit", "rate limits (global, memcached)", nx("global-rate-limit"), "100"),
         ("nx-snippet", "configuration in nginx's language", nx("configuration-snippet"), "deny all;"),
@@ -767,7 +954,14 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     secret(&client, &namespace, "wrong-ca", "Opaque", json!({"ca.crt": other_ca})).await?;
 
     let ingresses: Api<Ingress> = Api::namespaced(client.clone(), &namespace);
+    let client_ca = env::fixtures::self_signed(dir, "client-ca", &["rsa:2048"])?;
+    let stranger_ca = env::fixtures::self_signed(dir, "stranger-ca", &["rsa:2048"])?;
+    let good = client_certificate(dir, &client_ca, "client-a")?;
+    let other = client_certificate(dir, &client_ca, "client-b")?;
+    let stranger = client_certificate(dir, &stranger_ca, "client-a")?;
+    secret(&client, &namespace, "client-ca", "Opaque", json!({"ca.crt": client_ca.0})).await?;
     let mut cases = auth_cases(&format!("{address}:{}", port(7)), &format!("{address}:{}", port(8)));
+    cases.extend(mtls_cases(&namespace));
     cases.extend(self::cases(&namespace));
     // Rate limits and service-upstream: asked below, not by the plain rows.
     let limits = [
@@ -839,6 +1033,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     }
     rows.extend(routing_rows(&http, env).await);
     rows.extend(canary_rows(&http, env).await);
+    rows.extend(mtls_rows(env, &good, &other, &stranger).await);
     rows.push(
         limit_row(
             &http,

@@ -96,12 +96,6 @@ static NGINX: &[Unsupported] = &[
     ignored("auth-keepalive-requests", "connections to the auth service are HAProxy's"),
     ignored("auth-keepalive-timeout", "connections to the auth service are HAProxy's"),
     ignored("auth-keepalive-share-vars", "connections to the auth service are HAProxy's"),
-    refused("auth-tls-secret", ClientCertificates, CLIENT_CERTS),
-    refused_when_on("auth-tls-verify-client", ClientCertificates, CLIENT_CERTS),
-    refused("auth-tls-verify-depth", ClientCertificates, CLIENT_CERTS),
-    refused("auth-tls-error-page", ClientCertificates, CLIENT_CERTS),
-    refused("auth-tls-pass-certificate-to-upstream", ClientCertificates, CLIENT_CERTS),
-    refused("auth-tls-match-cn", ClientCertificates, CLIENT_CERTS),
     refused_when_on("enable-modsecurity", Firewall, "ModSecurity is not part of haptic"),
     refused_when_on("enable-owasp-core-rules", Firewall, "ModSecurity is not part of haptic"),
     refused("modsecurity-snippet", Firewall, "ModSecurity is not part of haptic"),
@@ -183,10 +177,7 @@ static HAPROXY_INGRESS: &[Unsupported] = &[
     refused("oauth", Authentication, "OAuth through oauth2-proxy is not implemented yet"),
     refused("oauth-uri-prefix", Authentication, "OAuth through oauth2-proxy is not implemented yet"),
     refused("oauth-headers", Authentication, "OAuth through oauth2-proxy is not implemented yet"),
-    refused("auth-tls-secret", ClientCertificates, CLIENT_CERTS),
-    refused_when_on("auth-tls-verify-client", ClientCertificates, CLIENT_CERTS),
     refused("auth-tls-cert-header", ClientCertificates, CLIENT_CERTS),
-    refused("auth-tls-error-page", ClientCertificates, CLIENT_CERTS),
     refused_when_on("auth-tls-strict", ClientCertificates, CLIENT_CERTS),
     refused("waf", Firewall, "a WAF is not part of haptic"),
     refused("waf-mode", Firewall, "a WAF is not part of haptic"),
@@ -317,8 +308,10 @@ mod tests {
     fn protections_haptic_lacks_refuse_and_the_rest_are_ignored_or_read() {
         let nginx = |key: &str| format!("{}{key}", nginx::PREFIX);
         assert_eq!(verdict(&nginx("auth-url"), "http://auth"), Verdict::Read("auth-url"));
-        assert!(matches!(verdict(&nginx("auth-tls-verify-client"), "on"), Verdict::Refused(ClientCertificates, _)));
-        assert!(matches!(verdict(&nginx("auth-tls-verify-client"), "off"), Verdict::Ignored(_)));
+        assert_eq!(verdict(&nginx("auth-tls-verify-client"), "on"), Verdict::Read("auth-tls-verify-client"));
+        let strict = "haproxy-ingress.github.io/auth-tls-strict";
+        assert!(matches!(verdict(strict, "true"), Verdict::Refused(ClientCertificates, _)));
+        assert!(matches!(verdict(strict, "false"), Verdict::Ignored(_)));
         assert!(matches!(verdict(&nginx("enable-modsecurity"), "true"), Verdict::Refused(Firewall, _)));
         assert!(matches!(verdict(&nginx("enable-modsecurity"), "false"), Verdict::Ignored(_)));
         assert!(matches!(verdict(&nginx("global-rate-limit"), "10"), Verdict::Refused(RateLimit, _)));

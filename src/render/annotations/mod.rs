@@ -163,6 +163,18 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("auth-signin", Kind::RequestUrl, Some("auth-signin"), &["auth-signin"], &[]),
     setting("auth-signin-redirect-param", Kind::Token, Some("auth-signin-redirect-param"), &[], &[]),
     setting("auth-response-headers", Kind::HeaderNames, Some("auth-response-headers"), &["auth-headers-succeed"], &[]),
+    setting("auth-tls-secret", Kind::SecretName, Some("auth-tls-secret"), &["auth-tls-secret"], &[]),
+    setting(
+        "auth-tls-verify-client",
+        Kind::OneOf(&["on", "off", "optional", "optional_no_ca"]),
+        Some("auth-tls-verify-client"),
+        &["auth-tls-verify-client"],
+        &[],
+    ),
+    setting("auth-tls-verify-depth", Kind::Count(16), Some("auth-tls-verify-depth"), &[], &[]),
+    setting("auth-tls-pass-certificate", Kind::Bool, Some("auth-tls-pass-certificate-to-upstream"), &[], &[]),
+    setting("auth-tls-error-page", Kind::Url, Some("auth-tls-error-page"), &["auth-tls-error-page"], &[]),
+    setting("auth-tls-match-cn", Kind::Regex, Some("auth-tls-match-cn"), &[], &[]),
     setting("auth-type", Kind::OneOf(&["basic", "basic-auth"]), Some("auth-type"), &["auth-type"], &["auth-type"]),
     setting("auth-secret", Kind::SecretName, Some("auth-secret"), &["auth-secret"], &["auth-secret"]),
     setting("auth-secret-type", Kind::OneOf(&["auth-file", "auth-map"]), Some("auth-secret-type"), &[], &[]),
@@ -685,7 +697,7 @@ mod tests {
         for name in [
             "haproxy-ingress.github.io/waf",
             "ingress.kubernetes.io/oauth",
-            "nginx.ingress.kubernetes.io/auth-tls-secret",
+            "nginx.ingress.kubernetes.io/enable-owasp-core-rules",
         ] {
             let error = refuse_unsupported(&annotations(&[("a/b", "c"), (name, "x")])).expect_err(name);
             assert_eq!(error.name, name);

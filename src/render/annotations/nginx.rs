@@ -40,6 +40,12 @@ pub(super) static NAMES: &[(&str, &[&str])] = &[
     ("auth-signin", &["auth-signin"]),
     ("auth-signin-redirect-param", &["auth-signin-redirect-param"]),
     ("auth-response-headers", &["auth-response-headers"]),
+    ("auth-tls-secret", &["auth-tls-secret"]),
+    ("auth-tls-verify-client", &["auth-tls-verify-client"]),
+    ("auth-tls-verify-depth", &["auth-tls-verify-depth"]),
+    ("auth-tls-pass-certificate", &["auth-tls-pass-certificate-to-upstream"]),
+    ("auth-tls-error-page", &["auth-tls-error-page"]),
+    ("auth-tls-match-cn", &["auth-tls-match-cn"]),
     ("auth-type", &["auth-type"]),
     ("auth-secret", &["auth-secret"]),
     ("auth-secret-type", &["auth-secret-type"]),
@@ -125,6 +131,8 @@ pub(super) fn conversion_note(key: &str, value: &str) -> Option<&'static str> {
         "session-cookie-expires" => "served as the cookie's Max-Age",
         "upstream-hash-by" => "HAProxy's consistent hash of the same request parts",
         "cors-allow-origin" if value.contains('*') && value.trim() != "*" => "a wildcard origin matches one label",
+        "auth-tls-verify-depth" => "HAProxy verifies the whole chain to the CA",
+        "auth-tls-pass-certificate-to-upstream" => "the PEM's base64 on one line",
         _ => return None,
     })
 }
