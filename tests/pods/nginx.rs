@@ -382,7 +382,9 @@ async fn with_certificate(env: &env::Manifest, host: &str, identity: Option<&str
 /// The client certificate rows: a valid one, none, one of another CA, per verify mode.
 async fn mtls_rows(env: &env::Manifest, good: &str, other: &str, stranger: &str) -> Vec<Row> {
     let mut rows = Vec::new();
-    let checks: Vec<(&str, &str, Option<&str>, Option<&str>, &str)> = vec![
+    // (case, host, client certificate, echo line looked at, expected).
+    type Check<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, &'a str);
+    let checks: Vec<Check> = vec![
         ("auth-tls-verify-client on: the CA's certificate accepted", "nx-mtls-on.example", Some(good), None, "200"),
         (
             "... the server is told SUCCESS (a client's own header dropped)",
