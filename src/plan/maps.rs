@@ -11,8 +11,16 @@ use std::collections::BTreeMap;
 
 use super::RuntimeAction;
 
+/// The first line of a map file whose order matters (a regex map: the first match wins).
+pub const ORDERED: &str = "# haptic: ordered";
+
 /// A map file's entries, key to value, when the file is plain enough to change at run time.
 pub fn entries(text: &str) -> Option<BTreeMap<String, String>> {
+    // A map whose lookups depend on the order of its lines (`map_reg`) says so on its first
+    // line; its changes are left to a reload.
+    if text.trim_start().starts_with(ORDERED) {
+        return None;
+    }
     let mut entries = BTreeMap::new();
     for line in text.lines() {
         let line = line.trim();
@@ -62,6 +70,15 @@ pub fn difference(map: &str, old: &str, new: &str) -> Option<Vec<RuntimeAction>>
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_map_whose_order_matters_is_never_changed_at_run_time() {
+        let old = "# haptic: ordered\n(?i)^a/x be_a\n";
+        let new = "# haptic: ordered\n(?i)^a/x/y be_b\n(?i)^a/x be_a\n";
+        assert!(entries(new).is_none());
+        assert!(difference("regex.map", old, new).is_none());
+    }
+
     use super::*;
 
     #[test]

@@ -430,6 +430,7 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
         |key: &str| ingress_annotation(ingress, key).as_str().is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let passthrough = switched_on("ssl-passthrough");
     let canary = switched_on("canary");
+    let regex_paths = switched_on("use-regex") || !ingress_annotation(ingress, "regex-rewrite-target").is_none();
     let own_backends =
         annotations.as_ref().and_then(|annotations| annotations.try_iter().ok()).is_some_and(|mut keys| {
             keys.any(|key| {
@@ -455,7 +456,10 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
         let paths = attr(&rule, "http").and_then(|http| attr(&http, "paths"));
         for (path_index, path) in paths.iter().flat_map(|p| p.try_iter().ok()).flatten().enumerate() {
             let prefix = attr(&path, "path").map(|p| p.to_string()).unwrap_or_else(|| "/".to_owned());
-            let prefix = super::filters::url_path(&prefix)?;
+            let path_type = attr(&path, "pathType").map(|t| t.to_string()).unwrap_or_else(|| "Prefix".to_owned());
+            // ingress-nginx's regex paths (use-regex, or a rewrite-target of its): any but Exact.
+            let regex = regex_paths && path_type != "Exact";
+            let prefix = if regex { path_regex(&prefix)? } else { super::filters::url_path(&prefix)? };
             let service = attr(&path, "backend").and_then(|b| attr(&b, "service")).unwrap_or_default();
             let id = format!("{namespace}_{name}_{}_{}", rule_index + 1, path_index + 1);
             let backend = match service_backend(&service) {
@@ -463,13 +467,49 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
                 Some(shared) => format!("{namespace}_{shared}"),
                 None => id.clone(),
             };
-            let place = RoutePlace { rule: rule_index + 1, index: path_index + 1, path: &path, prefix: &prefix };
+            let path_type = Value::from(if regex { "Regex" } else { path_type.as_str() });
+            let place = RoutePlace { rule: rule_index + 1, index: path_index + 1, path_type, prefix: &prefix };
             for (variant, (variant_host, www_of)) in extras.hosts(&host).into_iter().enumerate() {
                 routes.push(made.route(&place, variant, variant_host, www_of, service.clone(), &id, &backend));
             }
         }
     }
     Ok(Value::from(routes))
+}
+
+/// An Ingress path as ingress-nginx's regex (use-regex): a regular expression the `regex`
+/// crate and PCRE both read alike enough, without whitespace (a map key), at most
+/// `MAP_KEY_LIMIT` bytes, starting with `/` (after an optional `^`).
+fn path_regex(path: &str) -> Result<String, Error> {
+    let refused = |why: &str| {
+        super::context::blame_value(path);
+        Error::new(ErrorKind::InvalidOperation, format!("the path is not a regular expression haptic can route: {why}"))
+    };
+    if path.chars().any(|c| c.is_whitespace() || c.is_control() || c == '\'') {
+        return Err(refused("it holds a space, a control character or a quote"));
+    }
+    if path.len() > super::filters::MAP_KEY_LIMIT {
+        return Err(refused("it is too long"));
+    }
+    if !path.trim_start_matches('^').starts_with('/') {
+        return Err(refused("it does not start with /"));
+    }
+    regex::Regex::new(path).map_err(|_| refused("it does not parse"))?;
+    Ok(path.to_owned())
+}
+
+/// `regex_map_key(route)`: the key of a regex route in `regex.map` (looked up with `map_reg`
+/// on host+path): case-insensitive, anchored, its host as the route's host kind says.
+fn regex_map_key(route: &Value) -> Result<Value, Error> {
+    let text = |name: &str| route.get_attr(name).ok().map(|v| v.to_string()).unwrap_or_default();
+    let host = text("host");
+    let host_pattern = match host.strip_prefix("*.") {
+        _ if host.is_empty() => "[^/]*".to_owned(),
+        Some(domain) => format!("[^./]+\\.{}", regex::escape(domain)),
+        None => regex::escape(&host),
+    };
+    let key = format!("(?i)^{host_pattern}{}", text("path").trim_start_matches('^'));
+    super::filters::map_key(&key).map(Value::from_safe_string)
 }
 
 /// The hosts an Ingress's annotations add to each of its rules' hosts: aliases
@@ -524,7 +564,8 @@ impl HostExtras {
 struct RoutePlace<'a> {
     rule: usize,
     index: usize,
-    path: &'a Value,
+    /// `Exact`, `Prefix`, `ImplementationSpecific`, or `Regex` (a path of ingress-nginx's regex).
+    path_type: Value,
     prefix: &'a str,
 }
 
@@ -567,7 +608,7 @@ impl RouteMaker<'_> {
             path_length: place.prefix.len(),
             created: if variant == 0 { self.created } else { u32::MAX },
             path: Value::from(place.prefix),
-            path_type: attr(place.path, "pathType").unwrap_or_else(|| Value::from("Prefix")),
+            path_type: place.path_type.clone(),
             prefix_key: Value::from(format!("{}/", place.prefix.trim_end_matches('/'))),
             host_kind,
             rule: place.rule,
@@ -1077,6 +1118,7 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
     });
     env.add_function("ingress_tls", |ingress: Value| ingress_tls(&ingress));
     env.add_function("ingress_annotation", |ingress: Value, key: &str| ingress_annotation(&ingress, key));
+    env.add_function("regex_map_key", |route: Value| regex_map_key(&route));
     env.add_function("created_at", |object: Value| object_created(&object));
     env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
         super::annotations::ingress_settings(&ingress, snippets.unwrap_or(false), &class_parameters.unwrap_or_default())

@@ -449,6 +449,63 @@ async fn mtls_rows(env: &env::Manifest, good: &str, other: &str, stranger: &str)
     rows
 }
 
+/// Regex paths and ingress-nginx's rewrite-target: Ingresses with paths of their own.
+fn regex_cases() -> Vec<Case> {
+    let seen = |host: &str, path: &str| format!("200 backend=web path={path} host={host}.example");
+    let mut api = case(
+        "nx-regex-api",
+        "web",
+        annotations(&[(nx("use-regex"), "true"), (nx("rewrite-target"), "/$2")]),
+        vec![
+            (
+                "use-regex + rewrite-target /$2: the second group becomes the path",
+                get("/api/users?x=1"),
+                Look::Seen("backend=web"),
+                "",
+            ),
+            ("... matched without case", get("/API/Users"), Look::Seen("backend=web"), ""),
+            ("... /api alone: the empty group", get("/api"), Look::Seen("backend=web"), ""),
+            ("... /apix matches no path: 404", get("/apix"), Look::Outcome, "404"),
+        ],
+    );
+    api.paths = vec![("/api(/|$)(.*)", "ImplementationSpecific")];
+    let expected =
+        [seen("nx-regex-api", "/users"), seen("nx-regex-api", "/Users"), seen("nx-regex-api", "/"), "404".to_owned()];
+    for (row, expected) in api.rows.iter_mut().zip(expected) {
+        row.3 = expected;
+    }
+    let mut plain = case(
+        "nx-rewrite-plain",
+        "web",
+        annotations(&[(nx("rewrite-target"), "/")]),
+        vec![(
+            "rewrite-target / without groups: the whole path becomes /",
+            get("/app/x"),
+            Look::Seen("backend=web"),
+            "",
+        )],
+    );
+    plain.paths = vec![("/app", "Prefix")];
+    plain.rows[0].3 = seen("nx-rewrite-plain", "/");
+    let mut versions = case(
+        "nx-regex-versions",
+        "web",
+        annotations(&[(nx("use-regex"), "true")]),
+        vec![
+            (
+                "use-regex, no rewrite: a path of the pattern served as asked",
+                get("/v2/items/5"),
+                Look::Seen("backend=web"),
+                "",
+            ),
+            ("... a path outside it: 404", get("/v/items"), Look::Outcome, "404"),
+        ],
+    );
+    versions.paths = vec![("/v[0-9]+/items", "Prefix")];
+    versions.rows[0].3 = seen("nx-regex-versions", "/v2/items/5");
+    vec![api, plain, versions]
+}
+
 /// The rows of the plain cases: one Ingress each, asked as the row says.
 fn cases(namespace: &str) -> Vec<Case> {
     let ok = |b: &str| format!("200 {b}");
@@ -840,7 +897,12 @@ fn refused_cases() -> Vec<(&'static str, &'static str, String, &'static str)> {
         ("nx-waf", "a web application firewall", nx("enable-modsecurity"), "true"),
         ("nx-global-limit", "rate limits (global, memcached)", nx("global-rate-limit"), "100"),
         ("nx-snippet", "configuration in nginx's language", nx("configuration-snippet"), "deny all;"),
-        ("nx-regex", "routing (regular expression paths)", nx("use-regex"), "true"),
+        (
+            "nx-path-type",
+            "routing (haproxy-ingress's path types)",
+            "haproxy-ingress.github.io/path-type".into(),
+            "regex",
+        ),
         ("nx-digest", "authentication (digest, a value haptic cannot serve)", nx("auth-type"), "digest"),
         (
             "nx-patterns",
@@ -964,6 +1026,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     secret(&client, &namespace, "client-ca", "Opaque", json!({"ca.crt": client_ca.0})).await?;
     let mut cases = auth_cases(&format!("{address}:{}", port(7)), &format!("{address}:{}", port(8)));
     cases.extend(mtls_cases(&namespace));
+    cases.extend(regex_cases());
     cases.extend(self::cases(&namespace));
     // Rate limits and service-upstream: asked below, not by the plain rows.
     let limits = [

@@ -107,12 +107,6 @@ static NGINX: &[Unsupported] = &[
     refused("configuration-snippet", Snippet, NGINX_SNIPPET),
     refused("server-snippet", Snippet, NGINX_SNIPPET),
     refused("stream-snippet", Snippet, NGINX_SNIPPET),
-    refused_when_on("use-regex", Routing, "regular expression paths are not implemented yet"),
-    refused(
-        "rewrite-target",
-        Routing,
-        "ingress-nginx's rewrite-target (the whole path replaced) is not implemented yet",
-    ),
     ignored("satisfy", "haptic asks every check (satisfy all)"),
     ignored("enable-global-auth", "haptic has no global external authentication"),
     ignored("affinity-mode", "HAProxy's cookie keeps a session on its server (persistent)"),

@@ -70,6 +70,8 @@ pub(super) static NAMES: &[(&str, &[&str])] = &[
     ("canary-by-cookie", &["canary-by-cookie"]),
     ("canary-weight", &["canary-weight"]),
     ("canary-weight-total", &["canary-weight-total"]),
+    ("use-regex", &["use-regex"]),
+    ("regex-rewrite-target", &["rewrite-target"]),
     ("from-to-www-redirect", &["from-to-www-redirect"]),
     ("server-alias", &["server-alias"]),
     ("service-upstream", &["service-upstream"]),

@@ -20,6 +20,9 @@ pub(crate) enum Kind {
     Weight(u64),
     /// A regular expression (quoted for HAProxy).
     Regex,
+    /// A path naming a regex path's groups as `$1`..`$9` (ingress-nginx's rewrite-target): as
+    /// HAProxy's replacement (`\1`), a log-format word.
+    RegexTarget,
     /// One of these HTTP statuses.
     Status(&'static [u16]),
     /// One of these words (compared without case).
@@ -101,6 +104,23 @@ pub(super) fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
                 .filter(|n| *n <= bound)
                 .ok_or(format!("the value is not a whole number from 0 to {bound}"))?,
         ),
+        Kind::RegexTarget => {
+            if value.contains(['\\', '%']) {
+                return Err("the value holds a backslash or a %, which a rewrite target here may not".into());
+            }
+            let path = value.replace('$', "");
+            filters::url_path(&path).map_err(text_error)?;
+            let mut target = String::new();
+            let mut chars = value.chars().peekable();
+            while let Some(c) = chars.next() {
+                match (c, chars.peek()) {
+                    ('$', Some(digit)) if digit.is_ascii_digit() => target.push('\\'),
+                    ('$', _) => return Err("a $ in the value is not followed by a group's number".into()),
+                    _ => target.push(c),
+                }
+            }
+            safe(filters::haproxy_quote(&target).map_err(text_error)?)
+        }
         Kind::Regex => {
             regex::Regex::new(value).map_err(|_| "the value is not a regular expression")?;
             safe(filters::haproxy_quote(value).map_err(text_error)?)
