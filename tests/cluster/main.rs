@@ -21,6 +21,7 @@ mod log_level;
 mod migrate;
 mod render;
 mod settings;
+mod shutdown;
 mod slots;
 mod status;
 mod traces;

@@ -10,6 +10,7 @@ mod env;
 
 mod admission;
 mod annotations;
+mod client_address;
 mod credentials;
 mod dataplane;
 mod dataplane_tls;
