@@ -117,11 +117,21 @@ impl fmt::Debug for RenderedFile {
 /// Password hashes (the crypt(3) forms HAProxy's userlists take: `$1$`, `$5$`, `$6$`, `$2a$`,
 /// `$2b$`, `$2y$`, `$y$`) replaced by `<redacted>`: what the HTTP API, the render directory and
 /// error messages show of a configuration whose userlists hold basic-auth users.
+/// So are the digests of `{SHA}` users, which the library compares in rules of their own
+/// (`http_auth_pass,sha1,base64 -m str '<digest>'`).
 pub fn redact_password_hashes(text: &str) -> std::borrow::Cow<'_, str> {
     static HASH: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
         regex::Regex::new(r"\$(?:1|5|6|2[aby]|y)\$[A-Za-z0-9./$=]+").expect("a valid pattern")
     });
-    HASH.replace_all(text, "<redacted>")
+    static SHA_DIGEST: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(http_auth_pass,sha1,base64 -m str )'[A-Za-z0-9+/=]+'").expect("a valid pattern")
+    });
+    match HASH.replace_all(text, "<redacted>") {
+        std::borrow::Cow::Borrowed(text) => SHA_DIGEST.replace_all(text, "$1<redacted>"),
+        std::borrow::Cow::Owned(text) => {
+            std::borrow::Cow::Owned(SHA_DIGEST.replace_all(&text, "$1<redacted>").into_owned())
+        }
+    }
 }
 
 /// Everything one render produces for the fleet.
@@ -186,9 +196,10 @@ mod tests {
 
     #[test]
     fn password_hashes_are_redacted_and_nothing_else() {
-        let config = "userlist ul\n    user alice password $6$abc$Id.W/K=x\n    user bob password $2y$05$abcdefghij\n    http-request set-path /a$1\n";
+        let config = "userlist ul\n    user alice password $6$abc$Id.W/K=x\n    user bob password $2y$05$abcdefghij\n    http-request set-path /a$1\n    http-request set-var(txn.ok) bool(true) if { http_auth_user -m str carol } { http_auth_pass,sha1,base64 -m str 'qUqP5cyxm6YcTAhz05Hph5gvu9M=' }\n";
         let shown = redact_password_hashes(config);
-        assert!(!shown.contains("$6$abc") && !shown.contains("$2y$05"), "{shown}");
+        assert!(!shown.contains("$6$abc") && !shown.contains("$2y$05") && !shown.contains("qUqP5"), "{shown}");
+        assert!(shown.contains("base64 -m str <redacted> }"), "{shown}");
         assert!(shown.contains("user alice password <redacted>") && shown.contains("set-path /a$1"), "{shown}");
     }
 

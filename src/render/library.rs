@@ -498,6 +498,20 @@ fn path_regex(path: &str) -> Result<String, Error> {
     Ok(path.to_owned())
 }
 
+/// `canary_stride(total)`: the step through a cycle of `total` requests that spreads a canary's
+/// share evenly: the first number from 0.618 of the total on that shares no factor with it (so
+/// every residue is visited once a cycle).
+fn canary_stride(total: u64) -> u64 {
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let start = (total as f64 * 0.618) as u64;
+    (start.max(1)..=total.max(1)).find(|stride| gcd(*stride, total) == 1).unwrap_or(1)
+}
+
 /// `regex_map_key(route)`: the key of a regex route in `regex.map` (looked up with `map_reg`
 /// on host+path): case-insensitive, anchored, its host as the route's host kind says.
 fn regex_map_key(route: &Value) -> Result<Value, Error> {
@@ -750,14 +764,23 @@ pub(crate) fn ca_bundle(secret: &Value) -> Result<(String, String), Error> {
     Ok((file, bundle))
 }
 
-/// `basic_auth_users(secret)`: `[user, password hash]` pairs from a Secret, in either peer's
-/// form: an `auth` key holding htpasswd lines (`user:hash`, haproxy-ingress), or one key per user
-/// holding its hash (haproxytech). Hashes must be crypt(3) forms HAProxy checks (`$5$`, `$6$`,
-/// `$2b$`/`$2y$`, `$y$`, `$1$`); htpasswd's default `$apr1$` is not one, and is refused.
-pub(crate) fn basic_auth_users(secret: &Value) -> Result<Value, Error> {
+/// `basic_auth_users(secret, ingress)`: `[user, crypt hash, SHA-1 digest]` from a Secret (one
+/// of the two empty), in either peer's form: an `auth` key holding htpasswd lines
+/// (`user:hash`, haproxy-ingress and ingress-nginx), or one key per user holding its hash
+/// (haproxytech, ingress-nginx's auth-map). Hashes must be crypt(3) forms HAProxy checks (`$5$`,
+/// `$6$`, `$2b$`/`$2y$`, `$y$`, `$1$`) or htpasswd's `{SHA}`; its default `$apr1$` is neither,
+/// and refuses the Ingress (`ingress`, when given) saying so.
+pub(crate) fn basic_auth_users(secret: &Value, ingress: &Value) -> Result<Value, Error> {
     let (label, entries) = secret_data(secret, "basic_auth_users")?;
+    // The Ingress asking is refused, saying what is wrong with its Secret: the Secret itself
+    // is no one's error until an Ingress reads it as users.
     let refuse = |why: &str| {
-        super::context::blame_field("data");
+        if ingress.is_undefined() || ingress.is_none() {
+            super::context::blame_field("data");
+        } else {
+            let _ = ingress.get_attr("metadata");
+            super::context::blame_field("metadata.annotations");
+        }
         Error::new(ErrorKind::InvalidOperation, format!("basic_auth_users: Secret {label} {why}"))
     };
     let pairs: Vec<(String, String)> = match entries.iter().find(|(key, _)| key == "auth") {
@@ -785,6 +808,21 @@ pub(crate) fn basic_auth_users(secret: &Value) -> Result<Value, Error> {
         if !user_ok(&user) {
             return Err(refuse("has a user name that is not letters, digits and ._-@"));
         }
+        // htpasswd -s: `{SHA}` and the base64 of the password's SHA-1, which HAProxy checks
+        // itself (http_auth_pass,sha1,base64) rather than through a userlist.
+        if let Some(digest) = hash.strip_prefix("{SHA}") {
+            use base64::Engine as _;
+            let decoded = base64::engine::general_purpose::STANDARD.decode(digest);
+            if decoded.map(|bytes| bytes.len()) != Ok(20) {
+                return Err(refuse("has a {SHA} hash that is not the base64 of a SHA-1 digest"));
+            }
+            users.push(Value::from(vec![
+                Value::from_safe_string(user),
+                Value::from_safe_string(String::new()),
+                Value::from_safe_string(format!("'{digest}'")),
+            ]));
+            continue;
+        }
         if hash.starts_with("$apr1$") {
             return Err(refuse(
                 "has an $apr1$ hash (htpasswd's default), which HAProxy cannot check: use htpasswd -B, or mkpasswd -m sha-512",
@@ -792,10 +830,14 @@ pub(crate) fn basic_auth_users(secret: &Value) -> Result<Value, Error> {
         }
         if !hash_ok(&hash) {
             return Err(refuse(
-                "has a password that is not a crypt(3) hash HAProxy checks ($5$, $6$, $2b$, $2y$, $y$)",
+                "has a password that is not a crypt(3) hash HAProxy checks ($5$, $6$, $2b$, $2y$, $y$) or {SHA}",
             ));
         }
-        users.push(Value::from(vec![Value::from_safe_string(user), Value::from_safe_string(hash)]));
+        users.push(Value::from(vec![
+            Value::from_safe_string(user),
+            Value::from_safe_string(hash),
+            Value::from_safe_string(String::new()),
+        ]));
     }
     if users.is_empty() {
         return Err(refuse("names no user"));
@@ -1119,6 +1161,7 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
     env.add_function("ingress_tls", |ingress: Value| ingress_tls(&ingress));
     env.add_function("ingress_annotation", |ingress: Value, key: &str| ingress_annotation(&ingress, key));
     env.add_function("regex_map_key", |route: Value| regex_map_key(&route));
+    env.add_function("canary_stride", canary_stride);
     env.add_function("created_at", |object: Value| object_created(&object));
     env.add_function("ingress_settings", |ingress: Value, snippets: Option<bool>, class_parameters: Option<Value>| {
         super::annotations::ingress_settings(&ingress, snippets.unwrap_or(false), &class_parameters.unwrap_or_default())
@@ -1147,7 +1190,9 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
     env.add_function("refuse", |object: Value, field: &str, message: &str| -> Result<Value, minijinja::Error> {
         Err(super::context::refuse(&object, field, message))
     });
-    env.add_function("basic_auth_users", |secret: Value| basic_auth_users(&secret));
+    env.add_function("basic_auth_users", |secret: Value, ingress: Option<Value>| {
+        basic_auth_users(&secret, &ingress.unwrap_or_default())
+    });
     env.add_function("tcp_services", |configmap: Value, taken: Option<Vec<u16>>| {
         tcp_services(&configmap, &taken.unwrap_or_default())
     });
@@ -1473,6 +1518,22 @@ mod tests {
 
     /// Routes and endpoints answer a name (`route.host`, how templates read them) as they
     /// answer the same name as a key (`route["host"]`), and a name they lack with nothing.
+    #[test]
+    fn a_canary_stride_visits_every_request_of_its_cycle_once() {
+        for total in [1, 2, 5, 100, 1000, 1024, 999_983] {
+            let stride = canary_stride(total);
+            if total <= 1024 {
+                let visited: std::collections::BTreeSet<u64> = (0..total).map(|n| n * stride % total).collect();
+                assert_eq!(visited.len() as u64, total, "{total}");
+            }
+            // Spread: of the first tenth of a cycle, about a tenth falls below a 10% weight.
+            if total == 100 {
+                let early = (0..10).filter(|n| n * stride % total < 10).count();
+                assert!(early <= 2, "{early}");
+            }
+        }
+    }
+
     #[test]
     fn routes_and_endpoints_answer_a_name_as_they_answer_the_key() {
         let ingress = Value::from(Serde(json!({

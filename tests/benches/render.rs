@@ -124,6 +124,7 @@ fn render(c: &mut Criterion) {
             stores_as_served(&config);
             render_fleets(c, "chart_library", &config, 1);
             render_changes(c, &config);
+            render_annotated(&config);
         }
         None => println!("chart_library: skipped (no Helm at $HAPTIC_HELM or ~/.cache/haptic-env/bin/helm)"),
     }
@@ -303,6 +304,45 @@ fn render_httproutes(c: &mut Criterion, config: &HAProxyTemplateConfig) {
         });
     }
     group.finish();
+}
+
+/// 10,000 Ingresses, 10% of them with ingress-nginx's annotations (issue #48), beside the same
+/// fleet without any, each a full render from a renderer given the slots of a first render:
+/// fastest of 10, taken in turns so a slow phase of the machine slows both alike.
+fn render_annotated(config: &HAProxyTemplateConfig) {
+    let count = 10_000;
+    let fleets = [
+        ("without annotations", synthetic::ingress_fleet(count)),
+        ("10% annotated", synthetic::ingress_fleet_annotated(count, 10)),
+    ];
+    let prepared: Vec<_> = fleets
+        .iter()
+        .map(|(name, objects)| {
+            let stores = stores_for(config, objects);
+            let renderer = Renderer::compile(&config.spec).expect("compiles");
+            let files = renderer.render(&stores, &[]).expect("renders").files;
+            (name, stores, renderer, files.haproxy_cfg.content.len())
+        })
+        .collect();
+    let mut fastest = vec![f64::MAX; prepared.len()];
+    for _ in 0..10 {
+        for (index, (_, stores, renderer, _)) in prepared.iter().enumerate() {
+            let fresh = Renderer::compile(&config.spec).expect("compiles");
+            fresh.seed_slots(renderer.slots());
+            let started = std::time::Instant::now();
+            let files = fresh.render(stores, &[]).expect("renders").files;
+            fastest[index] = fastest[index].min(started.elapsed().as_secs_f64());
+            drop(black_box((fresh, files)));
+        }
+    }
+    for ((name, _, _, cfg_bytes), fastest) in prepared.iter().zip(fastest) {
+        println!(
+            "chart_library_annotated: {count} Ingresses, {name}: full render fastest of 10 {:.1} ms ({:.1} µs per Ingress); haproxy.cfg {} KiB",
+            fastest * 1e3,
+            fastest * 1e6 / count as f64,
+            cfg_bytes / 1024
+        );
+    }
 }
 
 fn render_fleets(c: &mut Criterion, name: &str, config: &HAProxyTemplateConfig, paths: usize) {

@@ -814,6 +814,32 @@ fn cases(namespace: &str) -> Vec<Case> {
             ],
         ),
         case(
+            "nx-auth-sha",
+            "web",
+            annotations(&[(nx("auth-type"), "basic"), (nx("auth-secret"), "users-sha")]),
+            vec![
+                ("auth-secret with a {SHA} hash (htpasswd -s): no credentials", get("/"), Look::Outcome, "401"),
+                (
+                    "... right password",
+                    with_header(get("/"), "authorization", &basic("carol", "s3cret")),
+                    Look::Outcome,
+                    &ok("web"),
+                ),
+                (
+                    "... wrong password",
+                    with_header(get("/"), "authorization", &basic("carol", "guess")),
+                    Look::Outcome,
+                    "401",
+                ),
+                (
+                    "... a crypt user of the same Secret",
+                    with_header(get("/"), "authorization", &basic("alice", "s3cret")),
+                    Look::Outcome,
+                    &ok("web"),
+                ),
+            ],
+        ),
+        case(
             "nx-auth-map",
             "web",
             annotations(&[
@@ -904,6 +930,7 @@ fn refused_cases() -> Vec<(&'static str, &'static str, String, &'static str)> {
             "regex",
         ),
         ("nx-digest", "authentication (digest, a value haptic cannot serve)", nx("auth-type"), "digest"),
+        ("nx-apr1", "authentication (an $apr1$ htpasswd, which HAProxy cannot check)", nx("auth-secret"), "users-apr1"),
         (
             "nx-patterns",
             "client address lists (haproxytech's pattern file)",
@@ -1014,6 +1041,20 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     let hash = crypt_sha512("s3cret")?;
     secret(&client, &namespace, "users-htpasswd", "Opaque", json!({"auth": format!("alice:{hash}\n")})).await?;
     secret(&client, &namespace, "users-per-key", "Opaque", json!({"bob": hash})).await?;
+    let sha = std::process::Command::new("sh")
+        .args(["-c", "printf s3cret | openssl dgst -sha1 -binary | base64"])
+        .output()?;
+    let sha = String::from_utf8(sha.stdout)?.trim().to_owned();
+    secret(&client, &namespace, "users-sha", "Opaque", json!({"auth": format!("carol:{{SHA}}{sha}\nalice:{hash}\n")}))
+        .await?;
+    secret(
+        &client,
+        &namespace,
+        "users-apr1",
+        "Opaque",
+        json!({"auth": "dave:$apr1$abcdefgh$0123456789abcdefghijkl\n"}),
+    )
+    .await?;
     secret(&client, &namespace, "backend-ca", "Opaque", json!({"ca.crt": cert})).await?;
     secret(&client, &namespace, "wrong-ca", "Opaque", json!({"ca.crt": other_ca})).await?;
 
@@ -1218,9 +1259,12 @@ async fn refusal_rows(client: &kube::Client, namespace: &str, http: &reqwest::Cl
         let host = format!("{name}.example");
         let answer = on_every_pod(http, env, &host, &get("/"), Look::Outcome).await;
         let note = event_note(client, namespace, name, "Refused").await.unwrap_or_else(|| "no Refused Event".into());
-        let says = note.contains(annotation.as_str());
+        let says = note.contains(annotation.as_str()) || (name == "nx-apr1" && note.contains("$apr1$ hash"));
         rows.push(Row {
-            case: format!("{kind}: not served, a Refused Event names {annotation}"),
+            case: format!(
+                "{kind}: not served, a Refused Event names {}",
+                if name == "nx-apr1" { "the $apr1$ hash" } else { annotation.as_str() }
+            ),
             request: format!("GET {host}/"),
             expected: "404; Refused".into(),
             got: if says { format!("{answer}; Refused") } else { format!("{answer}; {note}") },

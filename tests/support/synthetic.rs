@@ -53,6 +53,46 @@ pub fn ingress_fleet_with_paths(count: usize, paths: usize) -> Vec<Value> {
     objects
 }
 
+/// As [`ingress_fleet`], with every `every`-th Ingress carrying ingress-nginx annotations as
+/// its users write them (one of a few bundles in turn: redirects and body size; timeouts and an
+/// allow list; CORS and a rate limit; sticky sessions and a hash; backend TLS and auth).
+pub fn ingress_fleet_annotated(count: usize, every: usize) -> Vec<Value> {
+    let nginx = |pairs: &[(&str, &str)]| -> Value {
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("nginx.ingress.kubernetes.io/{k}"), json!(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let bundles = [
+        nginx(&[("ssl-redirect", "true"), ("force-ssl-redirect", "true"), ("proxy-body-size", "8m")]),
+        nginx(&[
+            ("proxy-connect-timeout", "10"),
+            ("proxy-read-timeout", "120"),
+            ("whitelist-source-range", "10.0.0.0/8,192.168.0.0/16"),
+        ]),
+        nginx(&[
+            ("enable-cors", "true"),
+            ("cors-allow-origin", "https://a.example.com, https://*.example.net"),
+            ("limit-rps", "20"),
+        ]),
+        nginx(&[("affinity", "cookie"), ("session-cookie-name", "route"), ("upstream-hash-by", "$request_uri")]),
+        nginx(&[
+            ("backend-protocol", "HTTPS"),
+            ("proxy-ssl-verify", "off"),
+            ("app-root", "/app"),
+            ("x-forwarded-prefix", "/shop"),
+        ]),
+    ];
+    let mut objects = ingress_fleet(count);
+    for (n, ingress) in objects.iter_mut().filter(|o| o["kind"] == "Ingress").enumerate() {
+        if n % every == 0 {
+            ingress["metadata"]["annotations"] = bundles[(n / every) % bundles.len()].clone();
+        }
+    }
+    objects
+}
+
 /// The objects for `count` HTTPRoutes attached to one Gateway (`web`, HTTP on 18080, routes
 /// from all namespaces) of the GatewayClass `haptic` (controller `haptic.dev/gateway-controller`,
 /// the chart's default), each with its own hostname, Service and EndpointSlice of 3 endpoints
