@@ -979,13 +979,20 @@ async fn annotations_of_haptic_and_its_peers_answer_as_documented_on_every_pod()
 
     rows.extend(every_name(&client, &namespace, &http, env).await?);
 
+    conformance_table(&rows, "annotations-conformance.md", &controller)
+}
+
+/// The rows as the Markdown table docs/library-conformance.md holds, printed and written to
+/// `CARGO_TARGET_TMPDIR/<file>`; an error naming the rows that failed (with the configuration
+/// the controller rendered) unless every one passed.
+pub(super) fn conformance_table(rows: &[Row], file: &str, controller: &ControllerProcess) -> Result<()> {
     let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
-    for row in &rows {
+    for row in rows {
         let mark = if row.expected == row.got { "pass" } else { "FAIL" };
         table.push_str(&format!("| {} | `{}` | {} | {} | {mark} |\n", row.case, row.request, row.expected, row.got));
     }
     println!("{table}");
-    let _ = std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/annotations-conformance.md"), &table);
+    let _ = std::fs::write(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(file), &table);
     let failed = rows.iter().filter(|row| row.expected != row.got).count();
     ensure!(failed == 0, "{failed} rows failed:\n{table}\n--- haproxy.cfg ---\n{}", controller.file("haproxy.cfg"));
     Ok(())

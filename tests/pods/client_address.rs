@@ -4,12 +4,12 @@
 //! proxy's X-Forwarded-For (`trustedProxies`) is believed, another's not. What the pod takes
 //! for the client decides an Ingress's allow list and the X-Forwarded-For its server sees.
 
-use crate::annotations::Row;
+use crate::annotations::{Row, conformance_table};
 use crate::env;
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use env::controller::ControllerProcess;
 use env::standalone::{
     apply_library_config_for_pods_with, backend_host_address, ingress_to, library_namespace, service_with_endpoints,
@@ -119,14 +119,5 @@ async fn the_client_address_comes_from_the_proxy_protocol_and_trusted_proxies_on
             got,
         });
     }
-    let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
-    for row in &rows {
-        let mark = if row.expected == row.got { "pass" } else { "FAIL" };
-        table.push_str(&format!("| {} | `{}` | {} | {} | {mark} |\n", row.case, row.request, row.expected, row.got));
-    }
-    println!("{table}");
-    let _ = std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/client-address-conformance.md"), &table);
-    let failed = rows.iter().filter(|row| row.expected != row.got).count();
-    ensure!(failed == 0, "{failed} rows failed:\n{table}\n--- haproxy.cfg ---\n{}", controller.file("haproxy.cfg"));
-    Ok(())
+    conformance_table(&rows, "client-address-conformance.md", &controller)
 }

@@ -6,8 +6,8 @@
 //! The table it prints is the ingress-nginx part of docs/library-conformance.md.
 
 use crate::annotations::{
-    Ask, Case, Look, Row, annotations, basic, case, crypt_sha512, get, on_every_pod, probe, same_backend_for, secret,
-    wait_until, with_header,
+    Ask, Case, Look, Row, annotations, basic, case, conformance_table, crypt_sha512, get, on_every_pod, probe,
+    same_backend_for, secret, wait_until, with_header,
 };
 use crate::env;
 
@@ -1188,16 +1188,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     rows.extend(refusal_rows(&client, &namespace, &http, env).await);
     rows.extend(warning_rows(&client, &namespace).await);
 
-    let mut table = String::from("| Case | Request | Expected | Got | |\n|---|---|---|---|---|\n");
-    for row in &rows {
-        let mark = if row.expected == row.got { "pass" } else { "FAIL" };
-        table.push_str(&format!("| {} | `{}` | {} | {} | {mark} |\n", row.case, row.request, row.expected, row.got));
-    }
-    println!("{table}");
-    let _ = std::fs::write(concat!(env!("CARGO_TARGET_TMPDIR"), "/nginx-conformance.md"), &table);
-    let failed = rows.iter().filter(|row| row.expected != row.got).count();
-    ensure!(failed == 0, "{failed} rows failed:\n{table}\n--- haproxy.cfg ---\n{}", controller.file("haproxy.cfg"));
-    Ok(())
+    conformance_table(&rows, "nginx-conformance.md", &controller)
 }
 
 /// Hosts an Ingress's annotations add: a server alias, and the www twin that redirects.
