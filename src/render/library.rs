@@ -426,11 +426,9 @@ pub(crate) fn ingress_routes(ingress: &Value) -> Result<Value, Error> {
             .map_err(super::annotations::AnnotationError::into_render_error)?;
     }
     let extras = HostExtras::of(annotations.as_ref())?;
-    let switched_on =
-        |key: &str| ingress_annotation(ingress, key).as_str().is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let passthrough = switched_on("ssl-passthrough");
-    let canary = switched_on("canary");
-    let regex_paths = switched_on("use-regex") || !ingress_annotation(ingress, "regex-rewrite-target").is_none();
+    let on = |key: &str| annotation_on(annotations.as_ref(), key);
+    let (passthrough, canary) = (on("ssl-passthrough"), on("canary"));
+    let regex_paths = on("use-regex") || annotation_value(annotations.as_ref(), "regex-rewrite-target").is_some();
     let own_backends =
         annotations.as_ref().and_then(|annotations| annotations.try_iter().ok()).is_some_and(|mut keys| {
             keys.any(|key| {
@@ -536,14 +534,7 @@ struct HostExtras {
 
 impl HostExtras {
     fn of(annotations: Option<&Value>) -> Result<Self, Error> {
-        let Some(annotations) = annotations else { return Ok(Self::default()) };
-        let first = |key: &str| {
-            super::annotations::names_of(key)
-                .iter()
-                .find_map(|name| annotations.get_attr(name).ok().filter(|v| !v.is_undefined() && !v.is_none()))
-                .map(|value| value.to_string())
-        };
-        let aliases = match first("server-alias") {
+        let aliases = match annotation_value(annotations, "server-alias").map(|value| value.to_string()) {
             Some(list) => list
                 .split([',', ' ', '\n'])
                 .filter(|host| !host.trim().is_empty())
@@ -551,7 +542,7 @@ impl HostExtras {
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
-        let www = first("from-to-www-redirect").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let www = annotation_on(annotations, "from-to-www-redirect");
         Ok(Self { aliases, www })
     }
 
@@ -1119,13 +1110,22 @@ pub(crate) fn service_address(service: &Value, wanted: &Value) -> Result<Value, 
 /// `ingress_annotation(ingress, setting)`: the value of the first of the setting's annotation
 /// names the Ingress sets (unchecked: for deciding, never for printing), else none.
 fn ingress_annotation(ingress: &Value, key: &str) -> Value {
-    let Some(annotations) = attr(ingress, "metadata").and_then(|metadata| attr(&metadata, "annotations")) else {
-        return Value::from(());
-    };
+    let annotations = attr(ingress, "metadata").and_then(|metadata| attr(&metadata, "annotations"));
+    annotation_value(annotations.as_ref(), key).unwrap_or_else(|| Value::from(()))
+}
+
+/// The value of the first of the setting `key`'s annotation names set among `annotations`.
+fn annotation_value(annotations: Option<&Value>, key: &str) -> Option<Value> {
+    let annotations = annotations?;
     super::annotations::names_of(key)
         .iter()
         .find_map(|name| annotations.get_attr(name).ok().filter(|v| !v.is_undefined() && !v.is_none()))
-        .unwrap_or_else(|| Value::from(()))
+}
+
+/// Whether the setting `key` is switched on (`true`) among `annotations`.
+fn annotation_on(annotations: Option<&Value>, key: &str) -> bool {
+    annotation_value(annotations, key)
+        .is_some_and(|v| v.as_str().is_some_and(|v| v.trim().eq_ignore_ascii_case("true")))
 }
 
 /// Notes a Warning on an Ingress served without annotations of known controllers haptic does

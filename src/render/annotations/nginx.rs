@@ -113,7 +113,6 @@ pub(super) fn convert<'a>(key: &str, value: &'a str) -> Result<Cow<'a, str>, Str
         "auth-type" if trimmed.eq_ignore_ascii_case("digest") => {
             return Err("digest authentication is not supported (only basic)".into());
         }
-        "session-cookie-max-age" => Cow::Borrowed(trimmed),
         _ => Cow::Borrowed(value),
     })
 }
