@@ -283,10 +283,23 @@ async fn the_webhook_checks_renders_through_the_validators_dataplane_api_and_wri
             })
             .await?;
         let stored = std::path::Path::new(&env.validator.dir);
-        let certificate = std::fs::read_to_string(stored.join("ssl").join(format!("{namespace}_valid-tls.pem")))
+        // Each review rewrites the validator's storage (a status write reviews the Ingress
+        // again): read it once the last review's files stand, within a few seconds.
+        let settled = std::time::Instant::now() + Duration::from_secs(10);
+        let read_stored = |file: std::path::PathBuf| async move {
+            loop {
+                match std::fs::read_to_string(&file) {
+                    Ok(text) => return Ok(text),
+                    Err(error) if std::time::Instant::now() > settled => return Err(error),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        };
+        let certificate = read_stored(stored.join("ssl").join(format!("{namespace}_valid-tls.pem")))
+            .await
             .context("the certificate in the validator's storage")?;
         ensure!(certificate.contains(certificate_pem.trim()), "the validator holds the Secret's certificate");
-        let hosts = std::fs::read_to_string(stored.join("maps/hosts.map"))?;
+        let hosts = read_stored(stored.join("maps/hosts.map")).await?;
         ensure!(hosts.contains("valid.example ingress_valid"), "the validator's map is the render's: {hosts}");
         ensure!(pod_files(env)? == before, "a review wrote to a pod");
         Ok::<_, anyhow::Error>(())
