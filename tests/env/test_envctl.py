@@ -65,6 +65,18 @@ def test_dataplaneapi_build_is_judged_by_the_binary_not_the_tools_version_pipe(t
     assert not envctl.dataplaneapi_built(sigpipe, binary), "a binary of another version is not the one wanted"
 
 
+def test_haproxy_build_is_judged_by_the_binary_not_the_builders_version_pipe(tmp_path):
+    binary = tmp_path / "haproxy"
+    binary.write_text("#!/bin/sh\necho 'HAProxy version 3.4.0'\necho more\n")
+    binary.chmod(0o755)
+    sigpipe = 128 + 13
+    assert envctl.built_but_not_shown(sigpipe, binary), "head closing the version pipe is not a failed build"
+    assert not envctl.built_but_not_shown(3, binary), "the builder's own failure stands"
+    assert not envctl.built_but_not_shown(sigpipe, tmp_path / "absent")
+    binary.write_text("#!/bin/sh\nexit 1\n")
+    assert not envctl.built_but_not_shown(sigpipe, binary), "a binary that does not run is no build"
+
+
 def test_component_not_ready_in_time_is_named_with_its_log(tmp_path):
     log_path = tmp_path / "slow.log"
     log_path.write_text("still warming up\n")
