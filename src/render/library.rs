@@ -1,6 +1,7 @@
 //! Functions an ingress library needs often enough that they are worth doing in Rust:
 //! correct once, and fast when a template calls them for every route.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -941,18 +942,30 @@ pub(crate) fn server_slots(
     Ok(Value::from(servers))
 }
 
-/// `server_lines(backend, endpoints, options="", block=10)`: the backend's `server` lines, as
-/// `server_slots` lays them out, written in one go (at 10,000 backends a template loop over
-/// 100,000 slots was two fifths of the default library's render). Only the ready endpoints are
-/// given servers; each line is `    server <name> <address>:<port><options>` and ` disabled` for a
-/// free slot. Addresses pass `bare_word` (a refused one blames its object, as the filter
-/// does); `options` must be vetted text (a captured block or a filter's output).
+/// Which of a backend's servers a `server_lines` call writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServerSet {
+    /// The servers that take the traffic (`srv1`, ...).
+    Active,
+    /// Backup servers (`bk1`, ...), used only while no active server is: slots of their own.
+    Backup,
+}
+
+/// `server_lines(backend, endpoints, options="", block=10)`: the backend's
+/// `server` lines, as `server_slots` lays them out, written in one go (at 10,000 backends a
+/// template loop over 100,000 slots was two fifths of the default library's render). Only the
+/// ready endpoints are given servers; each line is `    server <name> <address>:<port><options>`
+/// and ` disabled` for a free slot. Addresses pass `bare_word` (a refused one blames its object,
+/// as the filter does); `options` must be vetted text (a captured block or a filter's output).
+/// `backup_server_lines(backend, endpoints, block=10)` writes backup servers `bk<n>` (` backup`
+/// added, no other options), slotted apart from the backend's own.
 pub(crate) fn server_lines(
     shared: &super::context::Shared,
     backend: &str,
     endpoints: &Value,
     options: &Value,
     block: usize,
+    set: ServerSet,
 ) -> Result<Value, Error> {
     let options = match options.as_str() {
         None | Some("") => "",
@@ -978,7 +991,11 @@ pub(crate) fn server_lines(
             keys.push((address, u16::try_from(port).unwrap_or_default()));
         }
     }
-    let lines = shared.with_slots(backend, &keys, block, |table| -> Result<String, Error> {
+    let (slots_of, name, flag) = match set {
+        ServerSet::Active => (Cow::Borrowed(backend), "srv", ""),
+        ServerSet::Backup => (Cow::Owned(format!("{backend}/backup")), "bk", " backup"),
+    };
+    let lines = shared.with_slots(&slots_of, &keys, block, |table| -> Result<String, Error> {
         let mut lines = String::with_capacity(table.slots.len() * (48 + options.len()));
         for (index, slot) in table.slots.iter().enumerate() {
             if index > 0 {
@@ -989,10 +1006,10 @@ pub(crate) fn server_lines(
             match slot {
                 Some((address, port)) => {
                     let address = super::filters::bare_word(address)?;
-                    let _ = write!(lines, "    server srv{number} {address}:{port}{options}");
+                    let _ = write!(lines, "    server {name}{number} {address}:{port}{options}{flag}");
                 }
                 None => {
-                    let _ = write!(lines, "    server srv{number} 127.0.0.1:1{options} disabled");
+                    let _ = write!(lines, "    server {name}{number} 127.0.0.1:1{options}{flag} disabled");
                 }
             }
         }
@@ -1179,7 +1196,15 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
         |state: &minijinja::State, backend: &str, endpoints: Value, options: Option<Value>, block: Option<usize>| {
             let shared = super::shared_state(state, "server_lines")?;
             let block = block.unwrap_or(DEFAULT_SLOT_BLOCK);
-            server_lines(&shared, backend, &endpoints, &options.unwrap_or_default(), block)
+            server_lines(&shared, backend, &endpoints, &options.unwrap_or_default(), block, ServerSet::Active)
+        },
+    );
+    env.add_function(
+        "backup_server_lines",
+        |state: &minijinja::State, backend: &str, endpoints: Value, block: Option<usize>| {
+            let shared = super::shared_state(state, "backup_server_lines")?;
+            let block = block.unwrap_or(DEFAULT_SLOT_BLOCK);
+            server_lines(&shared, backend, &endpoints, &Value::from(""), block, ServerSet::Backup)
         },
     );
     env.add_function("weigh", |groups: Value| weigh(&groups));
@@ -1397,7 +1422,7 @@ mod tests {
         };
         let lines = |slices: &Value, options: Value, block: usize| -> Result<String, Error> {
             let endpoints = endpoints(slices, None)?;
-            let written = server_lines(&shared, "be_web", &endpoints, &options, block)?;
+            let written = server_lines(&shared, "be_web", &endpoints, &options, block, ServerSet::Active)?;
             Ok(written
                 .downcast_object_ref::<crate::render::filters::VettedLines>()
                 .map(|l| l.0.clone())
@@ -1420,6 +1445,15 @@ mod tests {
         assert!(hostile.to_string().contains("not one HAProxy may be sent to"), "{hostile}");
         let unvetted = lines(&slices(&[("10.0.0.1", true)]), Value::from(" check"), 3).unwrap_err();
         assert!(unvetted.to_string().contains("vetted"), "{unvetted}");
+        // Backup servers have names and slots of their own: the active ones above are untouched.
+        let endpoints = endpoints(&slices(&[("10.0.0.9", true)]), None).unwrap();
+        let backup = server_lines(&shared, "be_web", &endpoints, &Value::from(""), 2, ServerSet::Backup).unwrap();
+        let backup = backup.downcast_object_ref::<crate::render::filters::VettedLines>().map(|l| l.0.clone());
+        assert_eq!(
+            backup.as_deref(),
+            Some("    server bk1 10.0.0.9:8080 backup\n    server bk2 127.0.0.1:1 backup disabled")
+        );
+        assert_eq!(lines(&slices(&[("10.0.0.3", true)]), Value::from(""), 3).unwrap(), second);
     }
 
     #[test]

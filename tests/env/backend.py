@@ -11,6 +11,9 @@ holding a certificate and its key, that backend serves HTTPS with it)
   GET /slow?seconds=N   -> waits N seconds, then answers as /anything (for server timeouts)
   GET /healthz          -> 200 "ok", or 503 while a file NAME.sick exists in the directory
                            $HAPTIC_BACKEND_STATE names (a health check a test can fail)
+  GET /status/NNN       -> as /anything, with status NNN (an application's error answer)
+  any request with X-Code: NNN -> as /anything, with status NNN (an error-page service, as
+                           ingress-nginx's default backend is asked for custom-http-errors)
 """
 
 import os
@@ -46,12 +49,18 @@ def handler_for(name: str):
             lines = [f"backend={name} path={url.path} host={self.headers.get('Host', '')}"]
             lines += [f"header {key.lower()}: {value}" for key, value in self.headers.items()]
             body = ("\n".join(lines) + "\n").encode()
-            self.send_response(200)
+            self.send_response(self.status_asked(url.path))
             self.send_header("Content-Type", "text/plain")
             self.send_header("X-Backend", name)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def status_asked(self, path: str) -> int:
+            asked = self.headers.get("X-Code", "")
+            if path.startswith("/status/"):
+                asked = path[len("/status/"):]
+            return int(asked) if asked.isdigit() and 200 <= int(asked) <= 599 else 200
 
         def do_POST(self):  # noqa: N802 - the stdlib's naming
             # The body is read (and counted) so the connection stays usable.

@@ -332,6 +332,17 @@ fn mtls_cases(namespace: &str) -> Vec<Case> {
         mtls("nx-mtls-noca", &[(nx("auth-tls-verify-client"), "optional_no_ca")]),
         mtls("nx-mtls-cn", &[(nx("auth-tls-match-cn"), "CN=client-a")]),
         mtls("nx-mtls-page", &[(nx("auth-tls-error-page"), "https://errors.example/certificate")]),
+        // haproxytech's names for the same check.
+        with_tls(case("hx-mtls", "web", annotations(&[("haproxy.org/client-ca".to_owned(), ca)]), Vec::new())),
+        with_tls(case(
+            "hx-mtls-optional",
+            "web",
+            annotations(&[
+                ("haproxy.org/client-ca".to_owned(), ca),
+                ("haproxy.org/client-crt-optional".to_owned(), "true"),
+            ]),
+            Vec::new(),
+        )),
     ]
 }
 
@@ -433,6 +444,16 @@ async fn mtls_rows(env: &env::Manifest, good: &str, other: &str, stranger: &str)
             None,
             "302 https://errors.example/certificate",
         ),
+        ("haproxytech's client-ca: the CA's certificate accepted", "hx-mtls.example", Some(good), None, "200"),
+        ("... no certificate: refused 400", "hx-mtls.example", None, None, "400"),
+        (
+            "haproxytech's client-crt-optional true: no certificate accepted",
+            "hx-mtls-optional.example",
+            None,
+            None,
+            "200",
+        ),
+        ("... another CA's certificate: refused 400", "hx-mtls-optional.example", Some(stranger), None, "400"),
     ];
     for (case, host, identity, seen, expected) in checks {
         let mut got = with_certificate(env, host, identity, seen).await;
@@ -504,6 +525,118 @@ fn regex_cases() -> Vec<Case> {
     versions.paths = vec![("/v[0-9]+/items", "Prefix")];
     versions.rows[0].3 = seen("nx-regex-versions", "/v2/items/5");
     vec![api, plain, versions]
+}
+
+/// custom-http-errors and default-backend: the Service `errors` answers with the status its
+/// X-Code asks; `empty` has no endpoints.
+fn error_page_cases() -> Vec<Case> {
+    let from_errors = [(nx("custom-http-errors"), "404,503"), (nx("default-backend"), "errors")];
+    vec![
+        case(
+            "nx-errors",
+            "web",
+            annotations(&from_errors),
+            vec![
+                (
+                    "custom-http-errors + default-backend: a listed status answered by the default backend",
+                    get("/status/404"),
+                    Look::Header("x-backend"),
+                    "404 errors",
+                ),
+                ("... asked with X-Code", get("/status/404"), Look::Seen("header x-code"), "404 header x-code: 404"),
+                (
+                    "... and X-Original-URI",
+                    get("/status/404?q=1"),
+                    Look::Seen("header x-original-uri"),
+                    "404 header x-original-uri: /status/404?q=1",
+                ),
+                (
+                    "... and X-Ingress-Name",
+                    get("/status/404"),
+                    Look::Seen("header x-ingress-name"),
+                    "404 header x-ingress-name: nx-errors",
+                ),
+                (
+                    "... and X-Service-Name",
+                    get("/status/404"),
+                    Look::Seen("header x-service-name"),
+                    "404 header x-service-name: web",
+                ),
+                (
+                    "... and X-Format (the request's Accept)",
+                    with_header(get("/status/404"), "accept", "application/json"),
+                    Look::Seen("header x-format"),
+                    "404 header x-format: application/json",
+                ),
+                (
+                    "... a status not listed: the application's answer",
+                    get("/status/500"),
+                    Look::Header("x-backend"),
+                    "500 web",
+                ),
+                ("... a success: the application's", get("/"), Look::Outcome, "200 web"),
+            ],
+        ),
+        case(
+            "nx-errors-own",
+            "web",
+            annotations(&[(nx("custom-http-errors"), "404,415")]),
+            vec![
+                (
+                    "custom-http-errors without default-backend: haptic's error page",
+                    get("/status/404"),
+                    Look::Header("x-backend"),
+                    "404 ",
+                ),
+                (
+                    "... a status HAProxy has no page for: the status, no application body",
+                    get("/status/415"),
+                    Look::Header("x-backend"),
+                    "415 ",
+                ),
+                (
+                    "... a status not listed: the application's",
+                    get("/status/403"),
+                    Look::Header("x-backend"),
+                    "403 web",
+                ),
+            ],
+        ),
+        case(
+            "nx-fallback",
+            "empty",
+            annotations(&[(nx("default-backend"), "errors")]),
+            vec![(
+                "default-backend, the Service without endpoints: the default backend answers",
+                get("/x"),
+                Look::Outcome,
+                "200 errors",
+            )],
+        ),
+        case(
+            "nx-no-fallback",
+            "empty",
+            annotations(&[]),
+            vec![("no default-backend, the Service without endpoints: 503", get("/x"), Look::Outcome, "503")],
+        ),
+        case(
+            "nx-fallback-idle",
+            "web",
+            annotations(&[(nx("default-backend"), "errors")]),
+            vec![(
+                "default-backend, the Service with endpoints: the Service answers",
+                get("/x"),
+                Look::Outcome,
+                "200 web",
+            )],
+        ),
+        case(
+            "nx-fallback-missing",
+            "web",
+            annotations(&[(nx("default-backend"), "no-such-service")]),
+            vec![("default-backend naming no Service: served as without it", get("/x"), Look::Outcome, "200 web")],
+        ),
+    ]
 }
 
 /// The rows of the plain cases: one Ingress each, asked as the row says.
@@ -1022,6 +1155,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
         format!("pb={address}:{}", port(2)),
         format!("secure={address}:{}={}", port(5), dir.join("backend.pem").display()),
         format!("canary={address}:{}", port(9)),
+        format!("errors={address}:{}", port(10)),
     ];
     let _backends = start_backend_specs(dir, &specs)?;
     let _h2c = env::h2c::start(dir, "h2c_backends", &[format!("grpc={address}:{}", port(6))])?;
@@ -1031,6 +1165,11 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     service_with_endpoints(&client, &namespace, "secure", &address, port(5)).await?;
     service_with_endpoints(&client, &namespace, "grpc", &address, port(6)).await?;
     service_with_endpoints(&client, &namespace, "canary", &address, port(9)).await?;
+    service_with_endpoints(&client, &namespace, "errors", &address, port(10)).await?;
+    let empty = json!({"metadata": {"name": "empty"}, "spec": {"ports": [{"name": "http", "port": 80}]}});
+    Api::<Service>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &serde_json::from_value(empty)?)
+        .await?;
     Api::<EndpointSlice>::namespaced(client.clone(), &namespace)
         .create(&PostParams::default(), &endpoint_slice("pair-2", "pair", &address, port(2))?)
         .await?;
@@ -1068,6 +1207,7 @@ async fn ingress_nginx_annotations_answer_as_ingress_nginx_does_on_every_pod() -
     let mut cases = auth_cases(&format!("{address}:{}", port(7)), &format!("{address}:{}", port(8)));
     cases.extend(mtls_cases(&namespace));
     cases.extend(regex_cases());
+    cases.extend(error_page_cases());
     cases.extend(self::cases(&namespace));
     // Rate limits and service-upstream: asked below, not by the plain rows.
     let limits = [

@@ -81,7 +81,7 @@ const fn ignored(key: &'static str, note: &'static str) -> Unsupported {
 
 use Protection::{Authentication, ClientCertificates, Firewall, RateLimit, Routing, Snippet};
 
-const CLIENT_CERTS: &str = "client certificate authentication is not implemented yet";
+const CLIENT_CERTS: &str = "this form of client certificate check is not implemented (auth-tls-secret's are)";
 const NGINX_SNIPPET: &str = "nginx configuration haptic cannot read; write it as haptic annotations";
 
 /// ingress-nginx's annotations haptic does not read (`nginx.ingress.kubernetes.io/`).
@@ -114,8 +114,6 @@ static NGINX: &[Unsupported] = &[
     ignored("session-cookie-path", "HAProxy's cookie has the path /"),
     ignored("session-cookie-change-on-failure", "a failed server's sessions go elsewhere (redispatch)"),
     ignored("session-cookie-conditional-samesite-none", "browser sniffing is not done"),
-    ignored("custom-http-errors", "error pages from a default backend are not implemented yet"),
-    ignored("default-backend", "a fallback Service is not implemented yet"),
     ignored("client-body-buffer-size", "HAProxy streams bodies"),
     ignored("http2-push-preload", "HTTP/2 push is not done"),
     ignored("preserve-trailing-slash", "the redirect keeps the path as asked"),
@@ -183,7 +181,6 @@ static HAPROXY_INGRESS: &[Unsupported] = &[
     ignored("blue-green-deploy", "blue-green deployments by Pod labels are not implemented"),
     ignored("blue-green-header", "blue-green deployments by Pod labels are not implemented"),
     ignored("blue-green-mode", "blue-green deployments by Pod labels are not implemented"),
-    ignored("secure-crt-secret", "client certificates to the servers are not sent"),
     ignored("agent-check-port", "agent checks are not done"),
     ignored("agent-check-addr", "agent checks are not done"),
     ignored("agent-check-interval", "agent checks are not done"),
@@ -212,10 +209,7 @@ static HAPROXY_INGRESS: &[Unsupported] = &[
 /// haproxytech's annotations haptic does not read (`haproxy.org/`, `haproxy.com/`, and its
 /// legacy `ingress.kubernetes.io/`).
 static HAPROXYTECH: &[Unsupported] = &[
-    refused("client-ca", ClientCertificates, CLIENT_CERTS),
-    refused_when_on("client-crt-optional", ClientCertificates, CLIENT_CERTS),
     ignored("send-proxy-protocol", "the servers are not spoken to with the PROXY protocol"),
-    ignored("server-crt", "client certificates to the servers are not sent"),
     ignored("src-ip-header", "the client address comes from the connection (or the PROXY protocol)"),
     ignored("forwarded-for", "X-Forwarded-For is always set"),
     ignored("pod-maxconn", "servers take connections without a limit"),
@@ -226,7 +220,6 @@ static HAPROXYTECH: &[Unsupported] = &[
     ignored("route-acl", "ACL routing is not implemented"),
     ignored("timeout-check", "health checks time out with the server's connect timeout"),
     ignored("rate-limit-size", "the rate limit table holds 100k clients"),
-    ignored("rate-limit-whitelist", "use haptic.dev/rate-limit-exempt"),
     ignored("cookie-persistence-no-dynamic", "the cookie is always dynamic"),
     ignored("quic-alt-svc-max-age", "QUIC is not served"),
     ignored("client-strict-sni", "the default certificate answers unknown names"),
@@ -321,7 +314,11 @@ mod tests {
             Verdict::Refused(Authentication, _)
         ));
         assert!(matches!(verdict("ingress.kubernetes.io/waf", "modsecurity"), Verdict::Refused(Firewall, _)));
-        assert!(matches!(verdict("haproxy.org/client-ca", "ns/ca"), Verdict::Refused(ClientCertificates, _)));
+        assert_eq!(verdict("haproxy.org/client-ca", "ns/ca"), Verdict::Read("auth-tls-secret"));
+        assert!(matches!(
+            verdict("haproxy-ingress.github.io/auth-tls-strict", "true"),
+            Verdict::Refused(ClientCertificates, _)
+        ));
         assert_eq!(verdict("kubectl.kubernetes.io/last-applied-configuration", "{}"), Verdict::NotOurs);
         assert_eq!(verdict("kubernetes.io/ingress.class", "haptic"), Verdict::NotOurs);
     }

@@ -80,6 +80,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("server-ssl", Kind::Bool, Some("server-ssl"), &["secure-backends"], &["server-ssl"]),
     setting("server-proto", Kind::OneOf(&["h2"]), None, &[], &["server-proto"]),
     setting("server-ca", Kind::SecretName, Some("server-ca-secret"), &["secure-verify-ca-secret"], &["server-ca"]),
+    setting("server-crt", Kind::SecretName, Some("server-crt-secret"), &["secure-crt-secret"], &["server-crt"]),
     setting("server-verify", Kind::Bool, Some("server-verify"), &[], &[]),
     setting("server-verify-hostname", Kind::HostPort, Some("server-verify-hostname"), &["secure-verify-hostname"], &[]),
     setting("server-sni", Kind::Bool, Some("server-sni"), &[], &[]),
@@ -143,7 +144,13 @@ pub(crate) static SETTINGS: &[Setting] = &[
         &["limit-connections"],
         &[],
     ),
-    setting("rate-limit-exempt", Kind::Cidrs, Some("rate-limit-exempt"), &["limit-whitelist"], &[]),
+    setting(
+        "rate-limit-exempt",
+        Kind::Cidrs,
+        Some("rate-limit-exempt"),
+        &["limit-whitelist"],
+        &["rate-limit-whitelist"],
+    ),
     setting(
         "allow-list",
         Kind::Cidrs,
@@ -163,13 +170,13 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("auth-signin", Kind::RequestUrl, Some("auth-signin"), &["auth-signin"], &[]),
     setting("auth-signin-redirect-param", Kind::Token, Some("auth-signin-redirect-param"), &[], &[]),
     setting("auth-response-headers", Kind::HeaderNames, Some("auth-response-headers"), &["auth-headers-succeed"], &[]),
-    setting("auth-tls-secret", Kind::SecretName, Some("auth-tls-secret"), &["auth-tls-secret"], &[]),
+    setting("auth-tls-secret", Kind::SecretName, Some("auth-tls-secret"), &["auth-tls-secret"], &["client-ca"]),
     setting(
         "auth-tls-verify-client",
         Kind::OneOf(&["on", "off", "optional", "optional_no_ca"]),
         Some("auth-tls-verify-client"),
         &["auth-tls-verify-client"],
-        &[],
+        &[HAPROXYTECH_CLIENT_OPTIONAL],
     ),
     setting("auth-tls-verify-depth", Kind::Count(16), Some("auth-tls-verify-depth"), &[], &[]),
     setting("auth-tls-pass-certificate", Kind::Bool, Some("auth-tls-pass-certificate-to-upstream"), &[], &[]),
@@ -227,6 +234,8 @@ pub(crate) static SETTINGS: &[Setting] = &[
     setting("redirect-code", Kind::Status(REDIRECT_CODES), Some("redirect-code"), &[], &["request-redirect-code"]),
     setting("proxy-body-size", Kind::Size, Some("proxy-body-size"), &["proxy-body-size"], &[]),
     setting("app-root", Kind::Path, Some("app-root"), &["app-root"], &[]),
+    setting("default-backend", Kind::ServiceName, Some("default-backend"), &[], &[]),
+    setting("custom-http-errors", Kind::Statuses, Some("custom-http-errors"), &[], &[]),
     setting("canary", Kind::Bool, Some("canary"), &[], &[]),
     setting("canary-by-header", Kind::Token, Some("canary-by-header"), &[], &[]),
     setting("canary-by-header-value", Kind::Text, Some("canary-by-header-value"), &[], &[]),
@@ -453,6 +462,8 @@ impl Kind {
             Kind::Cidrs => "addresses and networks, comma-separated".into(),
             Kind::SecretName => "a Secret of the Ingress's namespace".into(),
             Kind::Token => "a cookie name".into(),
+            Kind::ServiceName => "a Service of the Ingress's namespace".into(),
+            Kind::Statuses => "HTTP statuses 400 to 599, comma-separated".into(),
             Kind::Path => "a URL path (no `%`)".into(),
             Kind::Url => "an http(s) URL".into(),
             Kind::HostPort => "host[:port]".into(),
@@ -560,6 +571,9 @@ pub(crate) fn read(
         let refused = |why| AnnotationError { name: name.clone(), why };
         let value = match name.strip_prefix(nginx::PREFIX) {
             Some(_) => nginx::convert(setting.key, &value).map_err(refused)?.into_owned(),
+            None if name.ends_with(HAPROXYTECH_CLIENT_OPTIONAL) => {
+                client_certificate_optional(&value).map_err(refused)?
+            }
             None => value,
         };
         let checked = check(setting.kind, &value).map_err(|why| AnnotationError { name: name.clone(), why })?;
@@ -570,6 +584,17 @@ pub(crate) fn read(
     }
     Ok(settings)
 }
+
+/// haptic's client-certificate modes from haproxytech's switch `client-crt-optional`.
+fn client_certificate_optional(value: &str) -> Result<String, String> {
+    match check(Kind::Bool, value)? {
+        Some(optional) if optional.is_true() => Ok("optional".into()),
+        _ => Ok("on".into()),
+    }
+}
+
+/// haproxytech's name for a client certificate that may be missing (a switch, not a mode).
+const HAPROXYTECH_CLIENT_OPTIONAL: &str = "client-crt-optional";
 
 /// How a setting read from the class's parameters is named (in errors and `sources`).
 const CLASS_PARAMETER: &str = "IngressClass parameter ";
@@ -724,6 +749,37 @@ mod tests {
                 "nginx.ingress.kubernetes.io/proxy-buffering"
             ]
         );
+    }
+
+    #[test]
+    fn error_pages_and_haproxytechs_client_certificates_read_as_the_peers_write_them() {
+        let settings = read(
+            &annotations(&[
+                ("nginx.ingress.kubernetes.io/custom-http-errors", "503, 404,404"),
+                ("nginx.ingress.kubernetes.io/default-backend", "error-pages"),
+                ("haproxy.org/client-ca", "shop/client-ca"),
+                ("haproxy.org/client-crt-optional", "true"),
+            ]),
+            &BTreeMap::new(),
+            false,
+        )
+        .expect("valid");
+        assert_eq!(get(&settings, "custom-http-errors").as_deref(), Some("[404, 503]"));
+        assert_eq!(get(&settings, "default-backend").as_deref(), Some("error-pages"));
+        assert_eq!(get(&settings, "auth-tls-secret").as_deref(), Some("shop/client-ca"));
+        assert_eq!(get(&settings, "auth-tls-verify-client").as_deref(), Some("optional"));
+        let strict = read(&annotations(&[("haproxy.org/client-crt-optional", "false")]), &BTreeMap::new(), false);
+        assert_eq!(get(&strict.expect("valid"), "auth-tls-verify-client").as_deref(), Some("on"));
+        for (name, value) in [
+            ("nginx.ingress.kubernetes.io/custom-http-errors", "302"),
+            ("nginx.ingress.kubernetes.io/custom-http-errors", "404;"),
+            ("nginx.ingress.kubernetes.io/default-backend", "other/errors"),
+            ("nginx.ingress.kubernetes.io/default-backend", "Errors"),
+            ("haproxy.org/client-crt-optional", "maybe"),
+        ] {
+            let refused = read(&annotations(&[(name, value)]), &BTreeMap::new(), false).expect_err(value);
+            assert_eq!(refused.name, name);
+        }
     }
 
     #[test]

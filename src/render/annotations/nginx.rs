@@ -63,6 +63,8 @@ pub(super) static NAMES: &[(&str, &[&str])] = &[
     ("redirect-code", &["permanent-redirect-code", "temporal-redirect-code"]),
     ("proxy-body-size", &["proxy-body-size"]),
     ("app-root", &["app-root"]),
+    ("default-backend", &["default-backend"]),
+    ("custom-http-errors", &["custom-http-errors"]),
     ("canary", &["canary"]),
     ("canary-by-header", &["canary-by-header"]),
     ("canary-by-header-value", &["canary-by-header-value"]),

@@ -31,6 +31,10 @@ pub(crate) enum Kind {
     Cidrs,
     /// A name of a Secret in the Ingress's namespace (`name`, or `namespace/name` naming it).
     SecretName,
+    /// A name of a Service in the Ingress's namespace (a DNS label).
+    ServiceName,
+    /// Comma-separated HTTP error statuses (400 to 599), as a list of numbers.
+    Statuses,
     /// A cookie name (token characters).
     Token,
     /// A URL path.
@@ -140,6 +144,8 @@ pub(super) fn check(kind: Kind, raw: &str) -> Result<Option<Value>, String> {
         }
         Kind::Cidrs => check_cidrs(value)?,
         Kind::SecretName => check_secret_name(value)?,
+        Kind::ServiceName => check_service_name(value)?,
+        Kind::Statuses => check_statuses(value)?,
         Kind::Token => check_token(value)?,
         // Printed where HAProxy reads log-format text too (set-path, redirect location), where
         // a % would start an expression: paths in annotations are taken without any.
@@ -200,6 +206,39 @@ fn check_secret_name(value: &str) -> Result<Value, String> {
         return Err("the value is not a Secret name (name or namespace/name)".into());
     }
     Ok(Value::from(value))
+}
+
+/// A Service name: a DNS label (RFC 1035), as Kubernetes names Services.
+fn check_service_name(value: &str) -> Result<Value, String> {
+    let label = !value.is_empty()
+        && value.len() <= 63
+        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && value.starts_with(|c: char| c.is_ascii_lowercase())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !label {
+        return Err("the value is not a Service name (lower-case letters, digits and -, 63 at most)".into());
+    }
+    Ok(safe(value.to_owned()))
+}
+
+/// HTTP error statuses, comma-separated (ingress-nginx's custom-http-errors), each once, in order.
+fn check_statuses(value: &str) -> Result<Value, String> {
+    let mut statuses = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+        let status = item
+            .parse::<u16>()
+            .ok()
+            .filter(|status| (400..=599).contains(status))
+            .ok_or_else(|| format!("{item:?} is not an HTTP error status (400 to 599)"))?;
+        if !statuses.contains(&status) {
+            statuses.push(status);
+        }
+    }
+    if statuses.is_empty() {
+        return Err("the value names no HTTP status".into());
+    }
+    statuses.sort_unstable();
+    Ok(Value::from(statuses))
 }
 
 /// A cookie name.
