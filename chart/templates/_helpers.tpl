@@ -29,6 +29,18 @@ app.kubernetes.io/name: haproxy
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- /* A container's command, run by sh with HAPTIC_PEER_SELF_<hex of the host name> set empty:
+the rate-limit peers' line of this pod then has no address (HAProxy's local peer), in
+HAProxy's own parsing and in the Dataplane API's checks (chart/library/haproxy.cfg.j2). */ -}}
+{{- define "haptic.withPeerSelf" -}}
+{{- printf "export \"HAPTIC_PEER_SELF_$(tr -d '\\n' < /proc/sys/kernel/hostname | od -An -tx1 | tr -d ' \\n')=\"; exec %s" . -}}
+{{- end -}}
+
+{{- /* The HAProxy pods' selector in kubectl's syntax (a watched resource's labelSelector). */ -}}
+{{- define "haptic.haproxySelectorString" -}}
+app.kubernetes.io/name=haproxy,app.kubernetes.io/instance={{ .Release.Name }}
+{{- end -}}
+
 {{- define "haptic.dataplaneSecret" -}}
 {{- .Values.haproxy.dataplane.existingSecret | default (printf "%s-dataplane" (include "haptic.fullname" .)) -}}
 {{- end -}}
@@ -89,6 +101,10 @@ rbac.yaml both use this list, so what is watched is exactly what may be read. */
 {{- /* The class's IngressClass (its default-class annotation, its parameters), by name, and the
 ConfigMap of its parameters (ingressClass.parameters), by name, in the release's namespace. */ -}}
 {{- $_ := set $all "ingressclasses" (dict "apiVersion" "networking.k8s.io/v1" "kind" "IngressClass" "resource" "ingressclasses" "fieldSelector" (printf "metadata.name=%s" .Values.ingressClass.name) "indexBy" (list "metadata.name")) -}}
+{{- /* The HAProxy pods, when they count rate limits together (haproxy.rateLimitPeers). */ -}}
+{{- if .Values.haproxy.rateLimitPeers.enabled -}}
+{{- $_ := set $all "haproxypods" (dict "apiVersion" "v1" "kind" "Pod" "resource" "pods" "namespaces" (list .Release.Namespace) "labelSelector" (include "haptic.haproxySelectorString" .) "indexBy" (list "metadata.namespace" "metadata.name")) -}}
+{{- end -}}
 {{- $_ := set $all "classparameters" (dict "apiVersion" "v1" "kind" "ConfigMap" "resource" "configmaps" "namespaces" (list .Release.Namespace) "fieldSelector" (printf "metadata.name=%s" (include "haptic.classParametersConfigMap" .)) "indexBy" (list "metadata.namespace" "metadata.name")) -}}
 {{- if .Values.gatewayAPI.enabled -}}
 {{- $gateway := dict -}}

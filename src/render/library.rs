@@ -1018,6 +1018,35 @@ pub(crate) fn server_lines(
     Ok(Value::from_object(super::filters::VettedLines(lines)))
 }
 
+/// `haproxy_peers(pods, port)`: the HAProxy pods that count rate limits together (HAProxy
+/// peers), by name: each running pod with an address and not being deleted, as `{name,
+/// address}`. A pod finds its own line by its host name, which Kubernetes makes the pod's
+/// name. The configuration is the same for every pod, yet HAProxy wants the local peer's line
+/// without an address: `address` is `"${HAPTIC_PEER_SELF_<hex of the name>[*]-<ip>:<port>}"`,
+/// which the pod itself (whose processes carry that variable, empty) reads as no argument and
+/// every other pod as the address. A pod whose name or address HAProxy could not read is left
+/// out (it counts alone), never printed.
+pub(crate) fn haproxy_peers(pods: &Value, port: u16) -> Result<Value, Error> {
+    let mut peers = std::collections::BTreeMap::new();
+    for pod in pods.try_iter()? {
+        let metadata = attr(&pod, "metadata");
+        let status = attr(&pod, "status");
+        let name = metadata.as_ref().and_then(|m| attr(m, "name")).map(|n| n.to_string()).unwrap_or_default();
+        let deleting = metadata.as_ref().and_then(|m| attr(m, "deletionTimestamp")).is_some_and(|d| !d.is_none());
+        let running = status.as_ref().and_then(|s| attr(s, "phase")).is_some_and(|p| p.as_str() == Some("Running"));
+        let address: Option<std::net::IpAddr> =
+            status.as_ref().and_then(|s| attr(s, "podIP")).and_then(|ip| ip.as_str()?.parse().ok());
+        let readable = !name.is_empty() && name.len() <= 63 && super::filters::bare_word(&name).is_ok();
+        if let (true, true, false, Some(address)) = (readable, running, deleting, address) {
+            let address = if address.is_ipv6() { format!("[{address}]") } else { address.to_string() };
+            let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+            let address = format!("\"${{HAPTIC_PEER_SELF_{hex}[*]-{address}:{port}}}\"");
+            peers.insert(name.clone(), minijinja::context! { name, address => Value::from_safe_string(address) });
+        }
+    }
+    Ok(Value::from(peers.into_values().collect::<Vec<_>>()))
+}
+
 /// HAProxy's largest server weight.
 const MAX_WEIGHT: f64 = 256.0;
 
@@ -1208,6 +1237,7 @@ pub(super) fn register(env: &mut minijinja::Environment<'static>, dirs: &crate::
         },
     );
     env.add_function("weigh", |groups: Value| weigh(&groups));
+    env.add_function("haproxy_peers", |pods: Value, port: u16| haproxy_peers(&pods, port));
     env.add_function("service_endpoints", |service: Value, port: Value, slices: Value| {
         service_endpoints(&service, &port, &slices)
     });
@@ -1454,6 +1484,32 @@ mod tests {
             Some("    server bk1 10.0.0.9:8080 backup\n    server bk2 127.0.0.1:1 backup disabled")
         );
         assert_eq!(lines(&slices(&[("10.0.0.3", true)]), Value::from(""), 3).unwrap(), second);
+    }
+
+    #[test]
+    fn haproxy_peers_are_the_running_pods_each_reading_its_own_line_without_an_address() {
+        let pods = Value::from(Serde(json!([
+            {"metadata": {"name": "haproxy-b"}, "status": {"phase": "Running", "podIP": "10.0.0.2"}},
+            {"metadata": {"name": "haproxy-a"}, "status": {"phase": "Running", "podIP": "fd00::1"}},
+            {"metadata": {"name": "haproxy-new"}, "status": {"phase": "Pending"}},
+            {"metadata": {"name": "haproxy-gone", "deletionTimestamp": "2026-12-08T00:00:00Z"},
+             "status": {"phase": "Running", "podIP": "10.0.0.3"}},
+            {"metadata": {"name": "bad name"}, "status": {"phase": "Running", "podIP": "10.0.0.4"}},
+            {"metadata": {"name": "haproxy-c"}, "status": {"phase": "Running", "podIP": "10.0.0.5 backup"}},
+        ])));
+        let peers = haproxy_peers(&pods, 10000).unwrap();
+        let lines: Vec<String> = peers
+            .try_iter()
+            .unwrap()
+            .map(|peer| format!("{} {}", peer.get_attr("name").unwrap(), peer.get_attr("address").unwrap()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                r#"haproxy-a "${HAPTIC_PEER_SELF_686170726f78792d61[*]-[fd00::1]:10000}""#,
+                r#"haproxy-b "${HAPTIC_PEER_SELF_686170726f78792d62[*]-10.0.0.2:10000}""#,
+            ]
+        );
     }
 
     #[test]

@@ -615,11 +615,18 @@ def check_pod_filesystems() -> None:
         POD_RUN_MOUNT.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise EnvError(f"cannot create the pods' mount point {POD_RUN_MOUNT}: {error}") from error
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "true"],
+    probe = subprocess.run(["unshare", "--mount", "--uts", "--propagation", "private", "--", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
-        raise EnvError("cannot make a mount namespace for the simulated pods (needs root or CAP_SYS_ADMIN): "
-                       f"`unshare --mount true` said: {probe.stderr.strip()}")
+        raise EnvError("cannot make mount and UTS namespaces for the simulated pods (needs root or "
+                       f"CAP_SYS_ADMIN): `unshare --mount --uts true` said: {probe.stderr.strip()}")
+
+
+def peer_self_variable(pod: str) -> str:
+    """The variable a pod's HAProxy processes carry, set empty, so that the pod's own line among
+    the rate-limit peers has no address (HAProxy's local peer), while every other pod reads the
+    line's default, the address (the chart's haproxy.yaml sets it the same way)."""
+    return "HAPTIC_PEER_SELF_" + pod.encode().hex()
 
 
 def in_pod_filesystem(pod_dir: Path, command: list[str]) -> list[str]:
@@ -629,12 +636,15 @@ def in_pod_filesystem(pod_dir: Path, command: list[str]) -> list[str]:
     pods see theirs. A rendered configuration is the same for every pod, so a path in it
     (`stats socket /var/run/haproxy/runtime.sock`, a map file) must mean each pod's own file,
     as it does in a cluster; and HAProxy names a map by the path the configuration gives, which
-    the Dataplane API's runtime map endpoints must give back, so the two must agree."""
-    script = ('mount --bind "$1" "$2"; shift 2; '
+    the Dataplane API's runtime map endpoints must give back, so the two must agree.
+
+    The pod's host name is its name (the directory's), in a UTS namespace of its own, as a
+    kubelet makes it: HAProxy finds its own line among the peers by it."""
+    script = ('hostname "$1"; shift; mount --bind "$1" "$2"; shift 2; '
               'while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; shift; exec "$@"')
     storage = [str(part) for sub in POD_STORAGE for part in (pod_dir / sub, POD_RUN_MOUNT / sub)]
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh",
-            str(pod_dir / "run"), str(POD_RUN_MOUNT), *storage, "--", *command]
+    return ["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-ec", script, "sh",
+            pod_dir.name, str(pod_dir / "run"), str(POD_RUN_MOUNT), *storage, "--", *command]
 
 
 # --------------------------------------------------------------------------- backend host
@@ -786,7 +796,9 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
     reload_script = pod_dir / "reload-haproxy.sh"
     reload_script.write_text(chart_file("reload-haproxy.sh", values))
     reload_script.chmod(0o755)
-    env = {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
+    env = {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT),
+           # As the chart's containers set it: this pod's line among the rate-limit peers is its own.
+           peer_self_variable(name): ""}
 
     haproxy_log = pod_dir / "haproxy.log"
     haproxy = sup.start(f"{name}/haproxy",

@@ -463,11 +463,12 @@ class Kubelet:
             Path(mount["mountPath"]).mkdir(parents=True, exist_ok=True)
             mounts += [str(source), mount["mountPath"]]
         # The binary is opened before the mounts, which may hide its directory (CoreDNS mounts /root).
-        script = ('exec 3< "$1"; shift; while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; '
-                  'exec /proc/self/fd/3')
+        # A host name of the pod's own (its name), as a kubelet gives every container of a pod.
+        script = ('hostname "$1"; shift; exec 3< "$1"; shift; '
+                  'while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; exec /proc/self/fd/3')
         command = ["nsenter", f"--net=/run/netns/{pod_netns(self.net, run.index)}",
-                   "unshare", "--mount", "--propagation", "private", "--",
-                   "sh", "-ec", script, "sh", str(binary), *mounts, "--"]
+                   "unshare", "--mount", "--uts", "--propagation", "private", "--",
+                   "sh", "-ec", script, "sh", run.name[:63], str(binary), *mounts, "--"]
         container.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, start_new_session=True)
         container.started_at = now_rfc3339()

@@ -39,6 +39,8 @@ pub struct Manifest {
     pub state_dir: PathBuf,
     /// The admin kubeconfig of the API server.
     pub kubeconfig: PathBuf,
+    /// The namespace the simulated pods are registered in.
+    pub namespace: String,
     /// Dataplane API port and credentials, the same on every pod.
     pub dataplane: DataplaneAccess,
     /// The simulated HAProxy pods.

@@ -254,12 +254,31 @@ async fn apply_chart_config(
     for set in &sets {
         args.extend(["--set", set.as_str()]);
     }
-    let mut config = super::chart::render_chart(release, namespace, &args)?
-        .into_iter()
+    let documents = super::chart::render_chart(release, namespace, &args)?;
+    let mut config = documents
+        .iter()
         .find(|d| d["kind"] == "HAProxyTemplateConfig")
+        .cloned()
         .context("the chart has no HAProxyTemplateConfig")?;
     if let Some(selector) = pod_selector {
         config["spec"]["podSelector"] = selector;
+        // The pods that count rate limits together are the environment's, where it keeps them.
+        if let Some(peers) = config["spec"]["watchedResources"].get_mut("haproxypods") {
+            peers["namespaces"] = json!([super::environment().namespace]);
+            peers["labelSelector"] = json!("app.kubernetes.io/name=haproxy,app.kubernetes.io/part-of=haptic-env");
+        }
+    }
+    // The certificate the chart makes for the pods' rate-limit peers, as the chart would install it.
+    for secret in documents
+        .iter()
+        .filter(|d| d["kind"] == "Secret" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-peers-tls")))
+    {
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret.clone())?;
+        let name = secret.metadata.name.clone().context("the peers Secret has no name")?;
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
+        if secrets.get_opt(&name).await?.is_none() {
+            secrets.create(&PostParams::default(), &secret).await?;
+        }
     }
     let config: DynamicObject = serde_json::from_value(config)?;
     let discovery = kube::discovery::Discovery::new(client.clone()).filter(&["haptic.dev"]).run().await?;

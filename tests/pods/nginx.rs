@@ -7,7 +7,7 @@
 
 use crate::annotations::{
     Ask, Case, Look, Row, annotations, basic, case, conformance_table, crypt_sha512, get, on_every_pod, probe,
-    same_backend_for, secret, wait_until, with_header,
+    same_backend_for, secret, spread_over_pods, wait_until, with_header,
 };
 use crate::env;
 
@@ -1114,24 +1114,19 @@ async fn limit_row(
     case: &str,
     expected: &str,
 ) -> Row {
-    let answers = env::on_every_pod(&env.pods, |pod| async move {
-        let mut statuses = Vec::new();
-        for _ in 0..count {
-            statuses.push(probe(http, pod, host, &get("/"), Look::Outcome).await);
-        }
-        let passed = statuses.iter().take_while(|s| s.starts_with("200")).count();
-        let rest: std::collections::BTreeSet<&String> = statuses.iter().skip(passed).collect();
-        match rest.into_iter().next() {
-            None => format!("all {count} served"),
-            Some(code) => format!("{code} after {passed}"),
-        }
-    })
-    .await;
+    let statuses = spread_over_pods(http, env, host, count).await;
+    let passed = statuses.iter().take_while(|s| s.starts_with("200")).count();
+    let rest: std::collections::BTreeSet<&String> = statuses.iter().skip(passed).collect();
+    let got = match (rest.len(), rest.into_iter().next()) {
+        (0, _) => format!("all {count} served"),
+        (1, Some(code)) => format!("{code} after {passed}"),
+        _ => format!("{statuses:?}"),
+    };
     Row {
-        case: case.into(),
-        request: format!("GET {host}/ ×{count} in a row"),
+        case: format!("{case}, counted by the pods together"),
+        request: format!("GET {host}/ ×{count}, to each pod in turn"),
         expected: expected.into(),
-        got: answers,
+        got,
     }
 }
 

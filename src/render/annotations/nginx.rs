@@ -127,7 +127,7 @@ pub(super) fn conversion_note(key: &str, value: &str) -> Option<&'static str> {
             "EWMA is served as leastconn (fewest requests in flight)"
         }
         "limit-rps" | "limit-rpm" => {
-            "a window of burst-multiplier seconds (minutes) admitting that many times the rate, per pod"
+            "a window of burst-multiplier seconds (minutes) admitting that many times the rate, counted by the HAProxy pods together (ingress-nginx counts per pod)"
         }
         "limit-connections" => "counted per pod",
         "proxy-send-timeout" => "HAProxy's one server timeout covers reading and sending",
