@@ -221,7 +221,7 @@ fn check_service_name(value: &str) -> Result<Value, String> {
     Ok(safe(value.to_owned()))
 }
 
-/// HTTP error statuses, comma-separated (ingress-nginx's custom-http-errors), each once, in order.
+/// HTTP error statuses, comma-separated (ingress-nginx's custom-http-errors): each once, ascending.
 fn check_statuses(value: &str) -> Result<Value, String> {
     let mut statuses = Vec::new();
     for item in value.split(',').map(str::trim).filter(|item| !item.is_empty()) {
