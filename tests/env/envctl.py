@@ -622,6 +622,15 @@ def check_pod_filesystems() -> None:
                        f"CAP_SYS_ADMIN): `unshare --mount --uts true` said: {probe.stderr.strip()}")
 
 
+def pod_env(name: str, ip: str, pod_dir: Path) -> dict[str, str]:
+    """What a pod's HAProxy and Dataplane API processes are started with, the first time and
+    every time after (a restarted sidecar that lacked the peer variable would refuse every
+    configuration with rate-limit peers: its own line would carry an address)."""
+    return {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT),
+            # As the chart's containers set it: this pod's line among the rate-limit peers is its own.
+            peer_self_variable(name): ""}
+
+
 def peer_self_variable(pod: str) -> str:
     """The variable a pod's HAProxy processes carry, set empty, so that the pod's own line among
     the rate-limit peers has no address (HAProxy's local peer), while every other pod reads the
@@ -796,9 +805,7 @@ def start_pod(sup: Supervisor, name: str, ip: str, version: str, components: Com
     reload_script = pod_dir / "reload-haproxy.sh"
     reload_script.write_text(chart_file("reload-haproxy.sh", values))
     reload_script.chmod(0o755)
-    env = {"POD_IP": ip, "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT),
-           # As the chart's containers set it: this pod's line among the rate-limit peers is its own.
-           peer_self_variable(name): ""}
+    env = pod_env(name, ip, pod_dir)
 
     haproxy_log = pod_dir / "haproxy.log"
     haproxy = sup.start(f"{name}/haproxy",
@@ -1286,7 +1293,7 @@ def cmd_dataplane(args: argparse.Namespace) -> int:
             config.write_text(rotated)
         binary = build_dataplaneapi()
         sup = Supervisor(state_dir, [p for p in processes if p.name != name])
-        env = {"POD_IP": pod["ip"], "POD_DIR": str(pod_dir), "HTTP_PORT": str(HAPROXY_HTTP_PORT)}
+        env = pod_env(pod["name"], pod["ip"], pod_dir)
         log_path = Path(pod["logs"]["dataplaneapi"])
         proc = sup.start(name, in_pod_filesystem(pod_dir, [str(binary), "-f", str(pod_dir / "dataplaneapi.yaml")]),
                          log_path, env=env, cwd=pod_dir)

@@ -111,3 +111,11 @@ def test_unknown_haproxy_version_is_refused():
                                         gateway_api_crds=[])
         envctl.check_versions(["2.8", "3.4"], components)
     assert "unknown HAProxy version '3.4'" in str(error.value)
+
+
+def test_a_pods_processes_carry_its_peer_variable_empty_at_every_start(tmp_path):
+    # The rate-limit peers' line of the pod itself must read as no address, in HAProxy and in
+    # the Dataplane API's checks, also after the sidecar is restarted (credentials rotation).
+    env = envctl.pod_env("haproxy-0", "127.1.0.2", tmp_path)
+    assert env["HAPTIC_PEER_SELF_686170726f78792d30"] == ""
+    assert env["POD_IP"] == "127.1.0.2"
