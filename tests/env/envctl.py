@@ -254,11 +254,8 @@ def haproxy_34_binary(install: bool) -> Path:
 
 
 def built_but_not_shown(returncode: int, binary: Path) -> bool:
-    """Whether a builder's failure was only its last step, printing the version through `head`
-    under pipefail: SIGPIPE (141) once head has its line, while the binary is installed and runs."""
-    if returncode != 141 or not binary.exists():
-        return False
-    return subprocess.run([str(binary), "-v"], capture_output=True, check=False).returncode == 0
+    """Whether a HAProxy build's failure was only its last step (see `tool_built`)."""
+    return returncode != 0 and tool_built(returncode, binary, "-v")
 
 
 def haproxy_26_binary(install: bool) -> Path:
@@ -309,21 +306,26 @@ def shared_dir() -> Path | None:
 
 
 def dataplaneapi_built(returncode: int, output: Path) -> bool:
-    """Whether a build of the Dataplane API made a working binary of the version wanted.
+    """Whether a build of the Dataplane API made a working binary of the version wanted."""
+    return tool_built(returncode, output, "--version", f"Data Plane API {DATAPLANEAPI_TAG}")
 
-    The shared build tool ends with `"$out" --version | head -n 1` under pipefail, so it
-    exits 141 (SIGPIPE) when `head` closes the pipe before the binary has written its last
+
+def tool_built(returncode: int, binary: Path, version_flag: str, wanted: str = "") -> bool:
+    """Whether a shared build tool made a working binary (its version answer holding `wanted`).
+
+    The shared build tools end with `"$out" <version flag> | head -n 1` under pipefail, so they
+    exit 141 (SIGPIPE) when `head` closes the pipe before the binary has written its last
     line: the build itself succeeded. The binary's own answer decides, not that last pipe.
     """
     if returncode == 0:
-        return output.exists()
-    if returncode != 128 + signal.SIGPIPE or not os.access(output, os.X_OK):
+        return binary.exists()
+    if returncode != 128 + signal.SIGPIPE or not os.access(binary, os.X_OK):
         return False
     try:
-        answer = subprocess.run([str(output), "--version"], capture_output=True, text=True, timeout=30, check=False)
+        answer = subprocess.run([str(binary), version_flag], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return answer.returncode == 0 and f"Data Plane API {DATAPLANEAPI_TAG}" in answer.stdout
+    return answer.returncode == 0 and wanted in answer.stdout
 
 
 def build_dataplaneapi() -> Path:
