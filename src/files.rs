@@ -126,12 +126,11 @@ pub fn redact_password_hashes(text: &str) -> std::borrow::Cow<'_, str> {
     static SHA_DIGEST: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
         regex::Regex::new(r"(http_auth_pass,sha1,base64 -m str )'[A-Za-z0-9+/=]+'").expect("a valid pattern")
     });
-    match HASH.replace_all(text, "<redacted>") {
-        std::borrow::Cow::Borrowed(text) => SHA_DIGEST.replace_all(text, "$1<redacted>"),
-        std::borrow::Cow::Owned(text) => {
-            std::borrow::Cow::Owned(SHA_DIGEST.replace_all(&text, "$1<redacted>").into_owned())
-        }
+    let hashed = HASH.replace_all(text, "<redacted>");
+    if !SHA_DIGEST.is_match(&hashed) {
+        return hashed;
     }
+    std::borrow::Cow::Owned(SHA_DIGEST.replace_all(&hashed, "$1<redacted>").into_owned())
 }
 
 /// Everything one render produces for the fleet.

@@ -770,8 +770,7 @@ pub(crate) fn basic_auth_users(secret: &Value, ingress: &Value) -> Result<Value,
         if ingress.is_undefined() || ingress.is_none() {
             super::context::blame_field("data");
         } else {
-            let _ = ingress.get_attr("metadata");
-            super::context::blame_field("metadata.annotations");
+            super::context::blame_object_field(ingress, "metadata.annotations");
         }
         Error::new(ErrorKind::InvalidOperation, format!("basic_auth_users: Secret {label} {why}"))
     };

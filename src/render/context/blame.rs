@@ -49,12 +49,17 @@ pub(crate) fn blame_field(field: &str) {
     OFFENDER.with(|blamed| *blamed.borrow_mut() = Some(offender));
 }
 
+/// Blames `object` itself (not the one touched last) for its `field`.
+pub(crate) fn blame_object_field(object: &Value, field: &str) {
+    // Touching the object makes it the one touched last.
+    let _ = object.get_attr("metadata");
+    blame_field(field);
+}
+
 /// `refuse(object, field, message)`: refuses `object` (its `field` blamed) with the library's
 /// own message, for what no filter sees: a Secret an annotation names that does not exist.
 pub(crate) fn refuse(object: &Value, field: &str, message: &str) -> Error {
-    // Touching the object makes it the one blamed.
-    let _ = object.get_attr("metadata");
-    blame_field(field);
+    blame_object_field(object, field);
     let message: String = message.chars().filter(|c| !c.is_control()).collect();
     Error::new(ErrorKind::InvalidOperation, message)
 }
